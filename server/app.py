@@ -1,0 +1,151 @@
+"""One process, one event loop: REST and gRPC started and drained together.
+
+Start order: bind both transports (bound ports logged), accept connections
+(live), then run the initial model load; when it finishes, whatever its
+outcome, the server is ready for good. SIGTERM/SIGINT stop accepting new work,
+let in-flight requests finish within the grace period, then the process exits 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from typing import Iterator
+
+import uvicorn
+
+from .config import Settings
+from .dataplane import DataPlane
+from .errors import InvalidInput
+from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
+from .repository.manager import ModelManager, Source
+from .runtime.openvino import LoadOptions
+from .transports.grpc_v2.server import GrpcServer
+from .transports.rest.app import create_app
+
+log = logging.getLogger("ovserve")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the process owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def make_source(settings: Settings) -> Source:
+    mode = settings.mode()
+    if mode == "config":
+        assert settings.config is not None
+        return ConfigFileSource(settings.config)
+    if mode == "repository":
+        assert settings.model_repository is not None
+        return RepositorySource(settings.model_repository)
+    assert settings.model_path is not None and settings.model_name
+    options = LoadOptions(
+        device=settings.target_device,
+        shape=settings.shape,
+        layout=settings.layout,
+        batch_size=settings.batch_size,
+        nireq=settings.nireq,
+        plugin_config=dict(settings.plugin_config),
+    )
+    return SingleModelSource(settings.model_name, settings.model_path, options)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Server:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.manager = ModelManager(make_source(settings), poll_interval=settings.poll_interval)
+        self.dataplane = DataPlane(self.manager)
+        self.grpc = GrpcServer(self.dataplane, settings.max_request_bytes)
+        self.rest_port = 0
+        self.grpc_port = 0
+        self._rest: _Uvicorn | None = None
+        self._rest_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        sock = bind_socket(s.host, s.rest_port)
+        self.rest_port = sock.getsockname()[1]
+        self.grpc_port = self.grpc.bind(s.host, s.grpc_port)
+        config = uvicorn.Config(
+            create_app(self.dataplane, s.max_request_bytes),
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            timeout_graceful_shutdown=max(int(s.grace_period), 1),
+            timeout_keep_alive=75,
+        )
+        self._rest = _Uvicorn(config)
+        self._rest_task = asyncio.create_task(self._rest.serve(sockets=[sock]), name="ovserve-rest")
+        await self.grpc.start()
+        while not self._rest.started:
+            if self._rest_task.done():
+                self._rest_task.result()
+                raise RuntimeError("REST server stopped during start-up")
+            await asyncio.sleep(0.01)
+        self.dataplane.live = True
+        log.info("REST (KServe V1/V2) listening on %s:%d", s.host, self.rest_port)
+        log.info("gRPC (KServe V2) listening on %s:%d", s.host, self.grpc_port)
+        log.info("loading models from %s", self.manager.source.describe())
+        await self.manager.start()
+        await self.grpc.set_serving()
+
+    async def stop(self) -> None:
+        grace = self.settings.grace_period
+        log.info("shutting down: no new requests, %gs for in-flight ones", grace)
+        if self._rest is not None:
+            self._rest.should_exit = True
+        await asyncio.gather(
+            self.grpc.stop(grace),
+            self._rest_task if self._rest_task is not None else asyncio.sleep(0),
+            return_exceptions=True,
+        )
+        await self.manager.stop()
+        log.info("stopped")
+
+
+async def serve(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = Server(settings)
+    starting = asyncio.create_task(server.start())
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if starting in done:
+        try:
+            starting.result()
+        except InvalidInput as exc:
+            log.error("cannot start: %s", exc.message)
+            code = 1
+        except OSError as exc:
+            log.error("cannot start: %s", exc)
+            code = 1
+        if code == 0:
+            await waiter
+    else:
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+    await server.stop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    return code

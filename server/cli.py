@@ -1,0 +1,138 @@
+"""The ``ovserve`` command.
+
+``ovserve serve`` runs the model server. Every flag of ``serve`` can also be
+set through the environment as ``OVSERVE_<FLAG>`` (``--rest-port`` ->
+``OVSERVE_REST_PORT``); a flag on the command line wins.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import __version__
+from .config import Settings
+
+ENV_PREFIX = "OVSERVE_"
+
+
+def _env_default(dest: str, cast: Callable[[str], Any], fallback: Any) -> Any:
+    raw = os.environ.get(ENV_PREFIX + dest.upper())
+    if raw is None or raw == "":
+        return fallback
+    try:
+        return cast(raw)
+    except (TypeError, ValueError):
+        raise SystemExit(f"ovserve: {ENV_PREFIX + dest.upper()}={raw!r} is not valid") from None
+
+
+def _json_object(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def _add(p: argparse.ArgumentParser, flag: str, cast: Callable[[str], Any], default: Any, help: str, **kw: Any) -> None:
+    dest = flag.lstrip("-").replace("-", "_")
+    env = ENV_PREFIX + dest.upper()
+    p.add_argument(flag, dest=dest, type=cast, default=_env_default(dest, cast, default),
+                   help=f"{help} [env {env}; default {default}]", **kw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ovserve",
+        description="Serve OpenVINO models over the KServe V2 (REST and gRPC) and V1 (REST) protocols.",
+    )
+    parser.add_argument("--version", action="version", version=f"ovserve {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    d = Settings()
+    serve = sub.add_parser(
+        "serve",
+        help="run the model server",
+        description="Run the model server. Choose the models with exactly one of --model-repository, "
+        "--config, or --model-name with --model-path.",
+    )
+    src = serve.add_argument_group("what to serve (choose one)")
+    _add(src, "--model-repository", Path, None, "serve every model folder in DIR (REPO/<model>/<version>/model.xml)", metavar="DIR")
+    _add(src, "--config", Path, None, "serve the models an OVMS-style config.json lists; the file is watched", metavar="FILE")
+    _add(src, "--model-name", str, None, "single-model mode: the model's name", metavar="NAME")
+    _add(src, "--model-path", Path, None, "single-model mode: the folder holding its numbered version folders", metavar="DIR")
+    net = serve.add_argument_group("network")
+    _add(net, "--host", str, d.host, "address to listen on")
+    _add(net, "--rest-port", int, d.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)")
+    _add(net, "--grpc-port", int, d.grpc_port, "KServe V2 gRPC port; 0 picks a free port (logged)")
+    _add(net, "--max-request-bytes", int, d.max_request_bytes, "largest request accepted, REST and gRPC")
+    ops = serve.add_argument_group("operation")
+    _add(ops, "--log-level", str, d.log_level, "debug, info, warning or error",
+         choices=["debug", "info", "warning", "error"])
+    _add(ops, "--poll-interval", float, d.poll_interval, "seconds between checks of the config file and version folders; 0 disables")
+    _add(ops, "--grace-period", float, d.grace_period, "seconds in-flight requests get to finish on SIGTERM")
+    one = serve.add_argument_group("single-model mode options (as in config.json)")
+    _add(one, "--target-device", str, d.target_device, "OpenVINO device")
+    _add(one, "--nireq", int, d.nireq, "parallel infer requests; 0 = the device's optimal number")
+    _add(one, "--shape", str, None, "input shape, e.g. '(1,3,224,224)' or '{\"x\": \"(-1,16)\"}'")
+    _add(one, "--layout", str, None, "input layout, e.g. NHWC or NHWC:NCHW")
+    _add(one, "--batch-size", str, None, "batch size to reshape the model to")
+    _add(one, "--plugin-config", _json_object, {}, "OpenVINO properties as a JSON object, e.g. '{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'")
+    demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
+    demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
+    return parser
+
+
+def settings_from_args(ns: argparse.Namespace) -> Settings:
+    fields = {f for f in Settings.__slots__}  # type: ignore[attr-defined]
+    values = {k: v for k, v in vars(ns).items() if k in fields}
+    shape = values.get("shape")
+    if isinstance(shape, str) and shape.strip().startswith("{"):
+        values["shape"] = json.loads(shape)
+    return Settings(**values)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run(coro: Any) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "demo":
+        from .demo import write_demo_repository
+
+        print(write_demo_repository(ns.directory))
+        return 0
+    if ns.command != "serve":
+        parser.print_help()
+        return 2
+    try:
+        settings = settings_from_args(ns)
+        settings.mode()
+    except ValueError as exc:
+        parser.error(str(exc))
+    _configure_logging(settings.log_level)
+    from .app import serve  # heavy imports only when serving
+
+    code = _run(serve(settings))
+    # A model load stuck in a worker thread must not keep the process alive.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,1 @@
+"""Wire-independent tensor codecs: datatype table, BYTES framing, JSON data."""

@@ -1,0 +1,55 @@
+"""BYTES tensors: 4-byte little-endian length-prefixed framing, and conversions."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from ..errors import InvalidInput
+
+_LEN = struct.Struct("<I")
+
+
+def unpack(buffer: bytes | memoryview, where: str) -> list[bytes]:
+    """Split a length-prefixed buffer into its elements."""
+    view = memoryview(buffer)
+    out: list[bytes] = []
+    pos, end = 0, len(view)
+    while pos < end:
+        if end - pos < 4:
+            raise InvalidInput(f"{where}: truncated BYTES element length at offset {pos}")
+        (n,) = _LEN.unpack_from(view, pos)
+        pos += 4
+        if n > end - pos:
+            raise InvalidInput(
+                f"{where}: BYTES element {len(out)} declares {n} bytes but only {end - pos} remain"
+            )
+        out.append(bytes(view[pos : pos + n]))
+        pos += n
+    return out
+
+
+def pack(elements: np.ndarray) -> bytes:
+    """Serialize a BYTES array (object/str/bytes elements) to the framed form."""
+    parts: list[bytes] = []
+    for item in elements.reshape(-1):
+        b = as_bytes(item)
+        parts.append(_LEN.pack(len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def as_bytes(item: object) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, (bytearray, memoryview, np.bytes_)):
+        return bytes(item)
+    return str(item).encode("utf-8")
+
+
+def to_object_array(elements: list[bytes], shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.empty(len(elements), dtype=object)
+    arr[:] = elements
+    return arr.reshape(shape)

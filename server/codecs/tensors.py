@@ -1,0 +1,84 @@
+"""Wire-independent tensor decoding: raw bytes or value lists -> numpy arrays.
+
+Every check that does not need the model happens here, before any large
+allocation: shape sanity, element counts, byte lengths.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidInput
+from . import bytes_tensor
+from .datatypes import numpy_dtype
+
+#: Refuse shapes whose element count is absurd before allocating anything.
+MAX_ELEMENTS = 1 << 40
+
+
+def check_shape(shape: Sequence[Any], where: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+        if any(isinstance(d, bool) or int(d) != d for d in shape):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{where}: shape must be a list of integers, got {list(shape)!r}") from None
+    if any(d < 0 for d in dims):
+        raise InvalidInput(f"{where}: shape {list(dims)} has a negative dimension")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise InvalidInput(f"{where}: shape {list(dims)} declares too many elements")
+    return dims
+
+
+def from_raw(where: str, datatype: str, shape: tuple[int, ...], buffer: bytes | memoryview) -> np.ndarray:
+    """Decode raw little-endian bytes (or framed BYTES) of a tensor, zero-copy when possible."""
+    dtype = numpy_dtype(datatype, where)
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        elements = bytes_tensor.unpack(buffer, where)
+        if len(elements) != count:
+            raise InvalidInput(
+                f"{where}: shape {list(shape)} needs {count} BYTES elements, got {len(elements)}"
+            )
+        return bytes_tensor.to_object_array(elements, shape)
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise InvalidInput(
+            f"{where}: shape {list(shape)} of {datatype} needs {expected} bytes, got {len(buffer)}"
+        )
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def from_values(where: str, datatype: str, shape: tuple[int, ...], values: Any) -> np.ndarray:
+    """Decode a flat or nested list of values (JSON ``data``, typed gRPC contents)."""
+    dtype = numpy_dtype(datatype, where)
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        arr = np.asarray(values, dtype=object)
+        if arr.size != count:
+            raise InvalidInput(f"{where}: shape {list(shape)} needs {count} elements, got {arr.size}")
+        flat = [bytes_tensor.as_bytes(v) for v in arr.reshape(-1)]
+        return bytes_tensor.to_object_array(flat, shape)
+    try:
+        if datatype == "BOOL":
+            arr = np.asarray(values)
+            if arr.size and arr.dtype != np.bool_:
+                raise ValueError("BOOL data must be true/false")
+            arr = arr.astype(np.bool_, copy=False)
+        else:
+            arr = np.asarray(values, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput(f"{where}: data does not fit datatype {datatype}: {exc}") from None
+    if arr.size != count:
+        raise InvalidInput(f"{where}: shape {list(shape)} needs {count} elements, got {arr.size}")
+    return arr.reshape(shape)
+
+
+def to_raw(array: np.ndarray, datatype: str) -> bytes:
+    """Serialize an array to the raw wire form (little-endian, or framed BYTES)."""
+    if datatype == "BYTES":
+        return bytes_tensor.pack(array)
+    dtype = numpy_dtype(datatype, "output")
+    return np.ascontiguousarray(array, dtype=dtype).tobytes()

@@ -1,0 +1,59 @@
+"""Server settings: loaded once, from the command line with OVSERVE_* fallbacks.
+
+Each field of :class:`Settings` is one ``ovserve serve`` flag; ``--rest-port``
+is also read from ``OVSERVE_REST_PORT`` and so on. Flags win over the
+environment, the environment over the defaults here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(slots=True)
+class Settings:
+    #: Serve every model folder in this directory (OVMS repository layout).
+    model_repository: Path | None = None
+    #: Serve what this OVMS-style config.json lists; watched for changes.
+    config: Path | None = None
+    #: Single-model mode: the model's name ...
+    model_name: str | None = None
+    #: ... and the folder holding its numbered version folders.
+    model_path: Path | None = None
+    #: Address both transports listen on.
+    host: str = "0.0.0.0"
+    #: KServe V1/V2 REST port (0 = an ephemeral port, logged at start).
+    rest_port: int = 8080
+    #: KServe V2 gRPC port (0 = an ephemeral port, logged at start).
+    grpc_port: int = 8081
+    #: debug, info, warning, error.
+    log_level: str = "info"
+    #: Largest request body accepted, REST and gRPC alike.
+    max_request_bytes: int = 1 << 30
+    #: Seconds between checks of the config file and version folders (0 = never).
+    poll_interval: float = 1.0
+    #: Seconds in-flight requests get to finish after SIGTERM.
+    grace_period: float = 25.0
+    #: Single-model mode: the OpenVINO device.
+    target_device: str = "CPU"
+    #: Single-model mode: number of parallel infer requests (0 = device's optimum).
+    nireq: int = 0
+    #: Single-model mode: shape, layout, batch size and plugin config, as in config.json.
+    shape: str | None = None
+    layout: str | None = None
+    batch_size: str | None = None
+    plugin_config: dict[str, Any] = field(default_factory=dict)
+
+    def mode(self) -> str:
+        chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),
+                                   ("single", self.model_path)) if v is not None]
+        if len(chosen) != 1:
+            raise ValueError(
+                "choose exactly one of --model-repository DIR, --config FILE, or --model-name NAME --model-path DIR"
+            )
+        if chosen[0] == "single" and not self.model_name:
+            raise ValueError("--model-path needs --model-name")
+        if self.model_name and chosen[0] != "single":
+            raise ValueError("--model-name goes with --model-path")
+        return chosen[0]

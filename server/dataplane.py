@@ -1,0 +1,132 @@
+"""The data plane: the only thing transports call.
+
+Live, ready, metadata and infer, in neutral types. Transports parse their wire
+format into :mod:`ovserve.server.types`, call here, and encode the answer.
+"""
+from __future__ import annotations
+
+from .errors import InvalidInput, Unavailable
+from .repository.manager import ModelManager
+from .repository.states import State
+from .runtime.openvino import OpenVINOModel, PortInfo
+from .types import InferRequest, InferResponse, ModelMetadata, Tensor
+from . import __version__
+
+SERVER_NAME = "ovserve"
+#: Protocol extensions ovserve really implements (reported by server metadata).
+EXTENSIONS = ["model_repository", "binary_tensor_data", "parameters"]
+PLATFORM = "OpenVINO"
+
+
+class DataPlane:
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+        self.live = False  # set once the transports accept connections
+
+    # -- health and metadata ----------------------------------------------
+    def server_live(self) -> bool:
+        return self.live
+
+    def server_ready(self) -> bool:
+        return self.manager.ready
+
+    def server_metadata(self) -> dict[str, object]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        served = self.manager.served(name)  # NotFound for an unknown model
+        if version:
+            try:
+                self.manager.version(name, version)
+            except Unavailable:
+                return False
+            return True
+        return bool(served.available())
+
+    def model_names(self) -> list[str]:
+        return sorted(self.manager.models)
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        mv = self.manager.version(name, version)
+        model = mv.model
+        assert model is not None
+        versions = [str(v.version) for v in self.manager.served(name).available()] if not version else [str(mv.version)]
+        return ModelMetadata(
+            name=name,
+            versions=versions,
+            platform=PLATFORM,
+            inputs=[p.spec for p in model.inputs],
+            outputs=[p.spec for p in model.outputs],
+        )
+
+    def model_status(self, name: str) -> list[dict[str, object]]:
+        """OVMS-style per-version states of a model (all versions, whatever their state)."""
+        served = self.manager.served(name)
+        return [{"version": str(v), **mv.status.as_dict()} for v, mv in sorted(served.versions.items())]
+
+    def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
+        mv = self.manager.version(name, version)
+        assert mv.model is not None
+        return list(mv.model.inputs)
+
+    # -- inference --------------------------------------------------------
+    async def infer(self, request: InferRequest) -> InferResponse:
+        mv = self.manager.acquire(request.model_name, request.model_version)
+        try:
+            model = mv.model
+            assert model is not None and mv.status.state is State.AVAILABLE
+            feed = check_inputs(request, model)
+            wanted = check_outputs(request, model)
+            results = await model.infer(feed)
+        finally:
+            self.manager.release(mv)
+        outputs = []
+        for port, params in wanted:
+            arr = results[port.name]
+            outputs.append(Tensor(port.name, port.datatype, tuple(arr.shape), arr, params))
+        return InferResponse(
+            model_name=request.model_name,
+            model_version=str(mv.version),
+            outputs=outputs,
+            id=request.id,
+        )
+
+
+def check_inputs(request: InferRequest, model: OpenVINOModel) -> dict:
+    """Match request inputs to model inputs: names, count, datatype, shape."""
+    ports = {p.name: p for p in model.inputs}
+    feed = {}
+    for tensor in request.inputs:
+        port = ports.get(tensor.name)
+        if port is None:
+            raise InvalidInput(f"unknown input {tensor.name!r}; model {request.model_name!r} has inputs {list(ports)}")
+        if tensor.name in feed:
+            raise InvalidInput(f"input {tensor.name!r} is given more than once")
+        if tensor.datatype != port.datatype:
+            raise InvalidInput(
+                f"input {tensor.name!r}: datatype {tensor.datatype} does not match the model's {port.datatype}"
+            )
+        shape = tensor.shape
+        if len(shape) != len(port.dims) or not all(d.accepts(n) for d, n in zip(port.dims, shape)):
+            raise InvalidInput(
+                f"input {tensor.name!r}: shape {list(shape)} does not fit the model's "
+                f"[{','.join(str(d) for d in port.dims)}]"
+            )
+        feed[tensor.name] = tensor.data
+    missing = [n for n in ports if n not in feed]
+    if missing:
+        raise InvalidInput(f"missing inputs {missing}; model {request.model_name!r} needs {list(ports)}")
+    return feed
+
+
+def check_outputs(request: InferRequest, model: OpenVINOModel) -> list[tuple[PortInfo, dict]]:
+    ports = {p.name: p for p in model.outputs}
+    if not request.outputs:
+        return [(p, {}) for p in model.outputs]
+    wanted = []
+    for out in request.outputs:
+        port = ports.get(out.name)
+        if port is None:
+            raise InvalidInput(f"unknown output {out.name!r}; model {request.model_name!r} has outputs {list(ports)}")
+        wanted.append((port, out.parameters))
+    return wanted

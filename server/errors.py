@@ -1,0 +1,76 @@
+"""The one error hierarchy of the server, and its two status tables.
+
+gRPC codes are named by their ``grpc.StatusCode`` member name so that this
+module imports no transport. Everything below the transports raises these; each transport maps them once
+(REST in ``transports/rest/app.py``, gRPC in ``transports/grpc_v2/servicer.py``)
+through :data:`HTTP_STATUS` and :data:`GRPC_STATUS`. The tables sit side by side
+so that a test can pin every pair.
+"""
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    """Base of every error a client may see. ``str(err)`` is the client message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServerError):
+    """The request is malformed or does not fit the model."""
+
+
+class NotFound(ServerError):
+    """Unknown model, version or route."""
+
+
+class Unavailable(ServerError):
+    """The model (or server) exists but cannot serve now: loading, failed, unloading."""
+
+
+class PayloadTooLarge(ServerError):
+    """The request is larger than the configured limit."""
+
+
+class FailedPrecondition(ServerError):
+    """The request is valid but the model cannot honour it (e.g. compile failure)."""
+
+
+class Unsupported(ServerError):
+    """A feature ovserve does not implement."""
+
+
+class InternalError(ServerError):
+    """A bug or a runtime failure; the message is safe to show."""
+
+
+#                        REST status  gRPC status
+_TABLE: dict[type[ServerError], tuple[int, str]] = {
+    InvalidInput: (400, "INVALID_ARGUMENT"),
+    NotFound: (404, "NOT_FOUND"),
+    Unavailable: (503, "UNAVAILABLE"),
+    PayloadTooLarge: (413, "RESOURCE_EXHAUSTED"),
+    FailedPrecondition: (412, "FAILED_PRECONDITION"),
+    Unsupported: (501, "UNIMPLEMENTED"),
+    InternalError: (500, "INTERNAL"),
+    ServerError: (500, "INTERNAL"),
+}
+
+HTTP_STATUS: dict[type[ServerError], int] = {k: v[0] for k, v in _TABLE.items()}
+GRPC_STATUS: dict[type[ServerError], str] = {k: v[1] for k, v in _TABLE.items()}
+
+
+def _lookup(err: ServerError) -> tuple[int, str]:
+    for klass in type(err).__mro__:
+        if klass in _TABLE:
+            return _TABLE[klass]  # type: ignore[index]
+    return _TABLE[ServerError]
+
+
+def http_status(err: ServerError) -> int:
+    return _lookup(err)[0]
+
+
+def grpc_status(err: ServerError) -> str:
+    return _lookup(err)[1]

@@ -1,0 +1,1 @@
+"""The model repository: layout, config.json, version policies, states, the ready latch."""

@@ -1,0 +1,315 @@
+"""The model manager: loads what the source asks for, tracks states, the ready latch.
+
+It polls its source (a config file, a repository folder or one model) and
+reconciles: new versions are loaded before old ones are unloaded, so a version
+switch has no gap; an unloading version refuses new requests and waits for its
+in-flight requests before it is released. A model that fails to load ends in
+END with its reason and never blocks the others.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import InvalidInput, NotFound, ServerError, Unavailable
+from ..runtime.openvino import OpenVINOModel, PortInfo, find_model_file
+from .config import ModelConfig
+from .states import INDEX_STATE, State, Status
+
+log = logging.getLogger(__name__)
+
+
+class Source(Protocol):
+    def describe(self) -> str: ...
+    def desired(self) -> list[ModelConfig]: ...
+
+
+def _fingerprint(path: Path) -> tuple:
+    try:
+        return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in path.iterdir()))
+    except OSError:
+        return ()
+
+
+def _describe(port: PortInfo) -> str:
+    return f"{port.name} {port.datatype}[{','.join(str(d) for d in port.dims)}]"
+
+
+@dataclass(eq=False)
+class ModelVersion:
+    name: str
+    version: int
+    config: ModelConfig
+    status: Status = field(default_factory=Status)
+    model: OpenVINOModel | None = None
+    fingerprint: tuple = ()
+    inflight: int = 0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def set_state(self, state: State, code: str = "OK", message: str = "") -> None:
+        self.status = Status(state, code, message)
+        if code == "OK":
+            log.info("model %s version %d: %s", self.name, self.version, state.value)
+        else:
+            log.error("model %s version %d: %s (%s: %s)", self.name, self.version, state.value, code, message)
+
+
+@dataclass(eq=False)
+class ServedModel:
+    config: ModelConfig
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    note: str = ""  # why nothing is served (e.g. no version folders)
+
+    def available(self) -> list[ModelVersion]:
+        return [v for _, v in sorted(self.versions.items()) if v.status.state is State.AVAILABLE]
+
+
+class ModelManager:
+    def __init__(self, source: Source, poll_interval: float = 1.0, load_workers: int | None = None) -> None:
+        self.source = source
+        self.poll_interval = poll_interval
+        self.models: dict[str, ServedModel] = {}
+        self._ready = False
+        self._lock = asyncio.Lock()
+        self._unloaded: set[str] = set()  # unloaded through the repository API
+        self._poller: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(
+            max_workers=load_workers or min(4, (os.cpu_count() or 1) + 1), thread_name_prefix="ovserve-load"
+        )
+
+    # -- the ready latch ---------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """False until the initial load has finished, then true for good."""
+        return self._ready
+
+    async def start(self) -> None:
+        """Initial load; raises InvalidInput if the source itself is unusable."""
+        try:
+            await self.reconcile(initial=True)
+        finally:
+            self._ready = True
+            log.info("initial load finished: server ready (%s)", self.summary())
+        if self.poll_interval > 0:
+            self._poller = asyncio.create_task(self._poll(), name="ovserve-poll")
+
+    async def stop(self) -> None:
+        if self._poller:
+            self._poller.cancel()
+            try:
+                await self._poller
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def summary(self) -> str:
+        parts = []
+        for name, served in sorted(self.models.items()):
+            states = ",".join(f"{v}:{mv.status.state.value}" for v, mv in sorted(served.versions.items()))
+            parts.append(f"{name}[{states or 'none'}]")
+        return " ".join(parts) or "no models"
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                await self.reconcile()
+            except Exception:  # never let the watcher die
+                log.exception("reconcile failed; will retry")
+
+    # -- reconciliation ----------------------------------------------------
+    async def reconcile(self, initial: bool = False) -> None:
+        async with self._lock:
+            try:
+                desired = await asyncio.get_running_loop().run_in_executor(self._executor, self.source.desired)
+            except InvalidInput as exc:
+                if initial:
+                    raise
+                log.error("%s is invalid, keeping the current models: %s", self.source.describe(), exc)
+                return
+            wanted = {c.name: c for c in desired}
+            work = []
+            for name in list(self.models):
+                if name not in wanted:
+                    work.append(self._retire(name))
+            for name, cfg in wanted.items():
+                if name not in self._unloaded:
+                    work.append(self._reconcile_model(cfg))
+            await asyncio.gather(*work)
+
+    async def _retire(self, name: str) -> None:
+        served = self.models[name]
+        log.info("model %s is no longer configured: unloading", name)
+        await asyncio.gather(*(self._unload(mv) for mv in served.versions.values()))
+        del self.models[name]
+
+    async def _reconcile_model(self, cfg: ModelConfig, force: bool = False) -> None:
+        served = self.models.get(cfg.name)
+        if served is not None and (force or served.config.raw != cfg.raw or served.config.base_path != cfg.base_path):
+            # The model's configuration changed: load its versions afresh.
+            if not force:
+                log.info("model %s: configuration changed, reloading", cfg.name)
+            fresh = ServedModel(cfg)
+            old = served
+            self.models[cfg.name] = fresh
+            await self._sync_versions(fresh, keep_serving=old)
+            return
+        if served is None:
+            served = self.models[cfg.name] = ServedModel(cfg)
+        await self._sync_versions(served)
+
+    async def _sync_versions(self, served: ServedModel, keep_serving: ServedModel | None = None) -> None:
+        cfg = served.config
+        if not cfg.base_path.is_dir():
+            served.note = f"base path {cfg.base_path} does not exist"
+            wanted: list[int] = []
+        else:
+            on_disk = cfg.versions_on_disk()
+            wanted = cfg.policy.select(on_disk)
+            served.note = "" if wanted else (
+                f"no version folders in {cfg.base_path}" if not on_disk else f"no version matches the policy {cfg.policy}"
+            )
+        if served.note:
+            log.warning("model %s: %s", cfg.name, served.note)
+        loads = []
+        for v in wanted:
+            mv = served.versions.get(v)
+            vdir = cfg.base_path / str(v)
+            fp = _fingerprint(vdir)
+            if mv is not None and mv.status.state in (State.AVAILABLE, State.LOADING):
+                continue
+            if mv is not None and mv.status.state is State.END and mv.fingerprint == fp:
+                continue  # failed before and nothing changed on disk: do not retry
+            mv = ModelVersion(cfg.name, v, cfg, fingerprint=fp)
+            mv.set_state(State.START)
+            served.versions[v] = mv
+            loads.append(self._load(mv))
+        await asyncio.gather(*loads)
+        stale = [mv for v, mv in served.versions.items() if v not in wanted and mv.status.state is not State.END]
+        if keep_serving is not None:
+            stale += [mv for mv in keep_serving.versions.values() if mv.status.state is not State.END]
+        # Retired versions stay listed in END, as OVMS shows them.
+        await asyncio.gather(*(self._unload(mv) for mv in stale))
+
+    async def _load(self, mv: ModelVersion) -> None:
+        mv.set_state(State.LOADING)
+        loop = asyncio.get_running_loop()
+        try:
+            path = find_model_file(mv.config.base_path / str(mv.version))
+            model = OpenVINOModel(path, mv.config.options)
+            await loop.run_in_executor(self._executor, model.load)
+        except ServerError as exc:
+            mv.set_state(State.END, "FAILED_PRECONDITION", exc.message)
+            return
+        except Exception as exc:  # a broken model never takes the server down
+            mv.set_state(State.END, "INTERNAL", f"{type(exc).__name__}: {exc}")
+            return
+        mv.model = model
+        mv.set_state(State.AVAILABLE)
+        log.info(
+            "model %s version %d: %s on %s, inputs (%s), outputs (%s), %d infer requests",
+            mv.name, mv.version, path.name, mv.config.options.device,
+            ", ".join(_describe(p) for p in model.inputs),
+            ", ".join(_describe(p) for p in model.outputs),
+            model.nireq,
+        )
+
+    async def _unload(self, mv: ModelVersion) -> None:
+        if mv.status.state is State.END:
+            return
+        mv.set_state(State.UNLOADING)
+        if mv.inflight:
+            mv.drained.clear()
+            await mv.drained.wait()
+        if mv.model is not None:
+            mv.model.unload()
+            mv.model = None
+        mv.set_state(State.END)
+
+    # -- the repository extension -----------------------------------------
+    async def load(self, name: str) -> None:
+        desired = {c.name: c for c in await asyncio.get_running_loop().run_in_executor(self._executor, self.source.desired)}
+        if name not in desired:
+            raise NotFound(f"model {name!r} is not in the {self.source.describe()}")
+        async with self._lock:
+            self._unloaded.discard(name)
+            await self._reconcile_model(desired[name], force=name in self.models)
+        served = self.models[name]
+        if not served.available():
+            raise Unavailable(f"model {name!r} failed to load: {self._why(served)}")
+
+    async def unload(self, name: str) -> None:
+        async with self._lock:
+            served = self.models.get(name)
+            if served is None:
+                raise NotFound(f"model {name!r} is not loaded")
+            self._unloaded.add(name)
+            await asyncio.gather(*(self._unload(mv) for mv in served.versions.values()))
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        rows = []
+        for name, served in sorted(self.models.items()):
+            if not served.versions:
+                if not ready_only:
+                    rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": served.note})
+                continue
+            for v, mv in sorted(served.versions.items()):
+                state = INDEX_STATE[mv.status.state]
+                if ready_only and state != "READY":
+                    continue
+                rows.append({"name": name, "version": str(v), "state": state, "reason": mv.status.error_message})
+        return rows
+
+    # -- lookups for the data plane ----------------------------------------
+    def served(self, name: str) -> ServedModel:
+        served = self.models.get(name)
+        if served is None:
+            raise NotFound(f"model {name!r} not found")
+        return served
+
+    def version(self, name: str, version: str = "") -> ModelVersion:
+        """The version to use (latest available when ``version`` is empty), or an error."""
+        served = self.served(name)
+        if version:
+            try:
+                number = int(version)
+                if number <= 0 or str(number) != version.strip():
+                    raise ValueError
+            except ValueError:
+                raise InvalidInput(f"model version must be a positive integer, got {version!r}") from None
+            mv = served.versions.get(number)
+            if mv is None:
+                raise NotFound(f"model {name!r} has no version {number}")
+            if mv.status.state is not State.AVAILABLE:
+                reason = f": {mv.status.error_message}" if mv.status.error_message else ""
+                raise Unavailable(f"model {name!r} version {number} is {mv.status.state.value}{reason}")
+            return mv
+        available = served.available()
+        if not available:
+            raise Unavailable(f"model {name!r} has no available version: {self._why(served)}")
+        return available[-1]
+
+    @staticmethod
+    def _why(served: ServedModel) -> str:
+        if not served.versions:
+            return served.note or "no versions"
+        return "; ".join(
+            f"version {v} {mv.status.state.value}" + (f" ({mv.status.error_message})" if mv.status.error_message else "")
+            for v, mv in sorted(served.versions.items())
+        )
+
+    def acquire(self, name: str, version: str = "") -> ModelVersion:
+        mv = self.version(name, version)
+        mv.inflight += 1
+        return mv
+
+    @staticmethod
+    def release(mv: ModelVersion) -> None:
+        mv.inflight -= 1
+        if mv.inflight == 0:
+            mv.drained.set()

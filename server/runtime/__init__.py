@@ -1,0 +1,1 @@
+"""Inference runtimes. Only OpenVINO today."""

@@ -1,0 +1,1 @@
+"""Transports: parse the wire, call the data plane, encode the answer."""

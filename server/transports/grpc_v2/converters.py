@@ -1,0 +1,121 @@
+"""Protobuf <-> neutral types. Protobuf messages never leave this module and the servicer."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ...codecs.datatypes import numpy_dtype
+from ...errors import InvalidInput
+from ...proto import grpc_predict_v2_pb2 as pb
+from ...types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
+
+#: V2 datatype -> the InferTensorContents field that carries it.
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def params_from_pb(params: Any) -> dict[str, Any]:
+    out = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        out[key] = getattr(p, which) if which else None
+    return out
+
+
+def params_to_pb(target: Any, params: dict[str, Any]) -> None:
+    for key, value in params.items():
+        p = target[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            if value >= 0 and value > 2**63 - 1:
+                p.uint64_param = value
+            else:
+                p.int64_param = value
+        elif isinstance(value, float):
+            p.double_param = value
+        else:
+            p.string_param = str(value)
+
+
+def request_from_pb(msg: pb.ModelInferRequest) -> InferRequest:
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries but the request has {len(msg.inputs)} inputs"
+        )
+    inputs = []
+    for i, inp in enumerate(msg.inputs):
+        where = f"input {inp.name!r}"
+        if not inp.name:
+            raise InvalidInput(f"inputs[{i}] needs a name")
+        numpy_dtype(inp.datatype, where)
+        shape = check_shape(inp.shape, where)
+        if raw:
+            if inp.HasField("contents"):
+                raise InvalidInput(f"{where}: raw_input_contents and typed contents cannot be mixed in one request")
+            array = from_raw(where, inp.datatype, shape, raw[i])
+        else:
+            field = CONTENTS_FIELD.get(inp.datatype)
+            if field is None:
+                raise InvalidInput(f"{where}: {inp.datatype} can only be sent in raw_input_contents")
+            values = getattr(inp.contents, field)
+            if inp.datatype == "BYTES":
+                array = from_values(where, "BYTES", shape, list(values))
+            else:
+                array = from_values(where, inp.datatype, shape, np.asarray(values, dtype=numpy_dtype(inp.datatype, where) if inp.datatype != "BOOL" else np.bool_))
+        inputs.append(Tensor(inp.name, inp.datatype, shape, array, params_from_pb(inp.parameters)))
+    outputs = [RequestedOutput(o.name, params_from_pb(o.parameters)) for o in msg.outputs]
+    return InferRequest(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        id=msg.id,
+        parameters=params_from_pb(msg.parameters),
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def used_typed_contents(msg: pb.ModelInferRequest) -> bool:
+    return bool(msg.inputs) and not msg.raw_input_contents
+
+
+def response_to_pb(resp: InferResponse, typed: bool) -> pb.ModelInferResponse:
+    out = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
+    if resp.parameters:
+        params_to_pb(out.parameters, resp.parameters)
+    # Typed contents only when the client used them and every output has a field.
+    typed = typed and all(t.datatype in CONTENTS_FIELD for t in resp.outputs)
+    for t in resp.outputs:
+        tensor = out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        if typed:
+            values = t.data.reshape(-1)
+            if t.datatype == "BYTES":
+                values = [bytes(v) if not isinstance(v, str) else v.encode() for v in values]
+            getattr(tensor.contents, CONTENTS_FIELD[t.datatype]).extend(values.tolist() if isinstance(values, np.ndarray) else values)
+        else:
+            out.raw_output_contents.append(to_raw(t.data, t.datatype))
+    return out
+
+
+def metadata_to_pb(md: ModelMetadata) -> pb.ModelMetadataResponse:
+    resp = pb.ModelMetadataResponse(name=md.name, versions=md.versions, platform=md.platform)
+    for spec in md.inputs:
+        resp.inputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
+    for spec in md.outputs:
+        resp.outputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
+    return resp

@@ -1,0 +1,126 @@
+"""The GRPCInferenceService servicer, and the one place gRPC errors are mapped.
+
+Every RPC is wrapped by :func:`_mapped`: a :class:`ServerError` aborts the call
+with its status from :data:`ovserve.server.errors.GRPC_STATUS`; anything else
+is logged and becomes INTERNAL with no traceback. Streaming RPCs report
+per-message errors in-band (``error_message``) and keep the stream open.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from ...dataplane import DataPlane
+from ...errors import ServerError, grpc_status
+from ...proto import grpc_predict_v2_pb2 as pb
+from ...proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from . import converters
+
+log = logging.getLogger(__name__)
+
+#: Requests of one stream processed at once; replies keep the request order.
+STREAM_WINDOW = 32
+
+
+def status_of(exc: ServerError) -> grpc.StatusCode:
+    return grpc.StatusCode[grpc_status(exc)]
+
+
+def _mapped(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except ServerError as exc:
+            await context.abort(status_of(exc), exc.message)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            log.exception("unexpected error in %s", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+    return wrapper
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    @_mapped
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.dp.server_live())
+
+    @_mapped
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.dp.server_ready())
+
+    @_mapped
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+
+    @_mapped
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self.dp.server_metadata())
+
+    @_mapped
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        return converters.metadata_to_pb(self.dp.model_metadata(request.name, request.version))
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        req = converters.request_from_pb(request)
+        resp = await self.dp.infer(req)
+        return converters.response_to_pb(resp, converters.used_typed_contents(request))
+
+    @_mapped
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await self._infer(request)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        pending: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def one(msg: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+            try:
+                return pb.ModelStreamInferResponse(infer_response=await self._infer(msg))
+            except ServerError as exc:
+                return pb.ModelStreamInferResponse(error_message=exc.message)
+            except Exception as exc:
+                log.exception("unexpected error in ModelStreamInfer")
+                return pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}")
+
+        async def reader() -> None:
+            try:
+                async for msg in requests:
+                    await pending.put(asyncio.create_task(one(msg)))
+            finally:
+                await pending.put(None)
+
+        feeder = asyncio.create_task(reader())
+        try:
+            while (task := await pending.get()) is not None:
+                yield await task
+            await feeder
+        finally:
+            feeder.cancel()
+
+    @_mapped
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
+        resp = pb.RepositoryIndexResponse()
+        for row in self.dp.manager.index(request.ready):
+            resp.models.add(**row)
+        return resp
+
+    @_mapped
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any) -> pb.RepositoryModelLoadResponse:
+        await self.dp.manager.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_mapped
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any) -> pb.RepositoryModelUnloadResponse:
+        await self.dp.manager.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()

@@ -1,0 +1,232 @@
+"""V2 REST wire format <-> neutral types: JSON tensors and the binary tensor extension.
+
+Binary extension: the body is a JSON header of ``Inference-Header-Content-Length``
+bytes followed by the tensors' bytes in input order; an input with
+``parameters.binary_data_size`` takes its bytes from there instead of ``data``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ...codecs.datatypes import V2_TO_NUMPY, numpy_dtype
+from ...codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ...errors import InvalidInput
+from ...types import InferRequest, InferResponse, RequestedOutput, Tensor
+
+HEADER = "inference-header-content-length"
+
+
+def _int_param(params: dict, key: str, where: str) -> int | None:
+    if key not in params:
+        return None
+    value = params[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"{where}: parameter {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _object(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where} must be a JSON object")
+    return value
+
+
+def parse_json(body: bytes | memoryview, where: str = "request body") -> Any:
+    if not len(body):
+        raise InvalidInput(f"{where} is empty; expected a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"{where} is not valid JSON: {exc}") from None
+
+
+def decode_infer_request(model_name: str, version: str, body: bytes, header_length: str | None) -> InferRequest:
+    view = memoryview(body)
+    if header_length is not None:
+        try:
+            json_len = int(header_length)
+            if json_len < 0:
+                raise ValueError
+        except ValueError:
+            raise InvalidInput(f"Inference-Header-Content-Length must be a non-negative integer, got {header_length!r}") from None
+        if json_len > len(view):
+            raise InvalidInput(
+                f"Inference-Header-Content-Length {json_len} is larger than the body ({len(view)} bytes)"
+            )
+        doc = parse_json(view[:json_len], "inference header") if json_len else None
+        binary = view[json_len:]
+    else:
+        doc, binary = parse_json(view), view[:0]
+    if doc is None:
+        raise InvalidInput("a request without a JSON inference header is not supported; send the header")
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("request must have a non-empty 'inputs' list")
+    inputs: list[Tensor] = []
+    offset = 0
+    for i, item in enumerate(raw_inputs):
+        if not isinstance(item, dict):
+            raise InvalidInput(f"inputs[{i}] must be an object")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"inputs[{i}] needs a 'name'")
+        where = f"input {name!r}"
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str):
+            raise InvalidInput(f"{where} needs a 'datatype'")
+        numpy_dtype(datatype, where)
+        if "shape" not in item or not isinstance(item["shape"], list):
+            raise InvalidInput(f"{where} needs a 'shape' list")
+        shape = check_shape(item["shape"], where)
+        params = _object(item.get("parameters"), f"{where} parameters")
+        size = _int_param(params, "binary_data_size", where)
+        has_data = "data" in item
+        if size is not None and has_data:
+            raise InvalidInput(f"{where} has both 'data' and binary_data_size")
+        if size is None and not has_data:
+            if len(raw_inputs) == 1 and len(binary):
+                size = len(binary)  # a single binary input may omit its size
+            else:
+                raise InvalidInput(f"{where} has neither 'data' nor binary_data_size")
+        if size is not None:
+            if offset + size > len(binary):
+                raise InvalidInput(
+                    f"{where}: binary_data_size {size} runs past the end of the body "
+                    f"({len(binary) - offset} bytes left)"
+                )
+            array = from_raw(where, datatype, shape, binary[offset : offset + size])
+            offset += size
+        else:
+            array = from_values(where, datatype, shape, item["data"])
+        params = {k: v for k, v in params.items() if k != "binary_data_size"}
+        inputs.append(Tensor(name, datatype, shape, array, params))
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    outputs = []
+    raw_outputs = doc.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise InvalidInput("'outputs' must be a list")
+    for i, item in enumerate(raw_outputs):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidInput(f"outputs[{i}] must be an object with a 'name'")
+        outputs.append(RequestedOutput(item["name"], _object(item.get("parameters"), f"outputs[{i}] parameters")))
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return InferRequest(
+        model_name=model_name,
+        model_version=version,
+        id=request_id,
+        parameters=_object(doc.get("parameters"), "request parameters"),
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def _json_data(tensor: Tensor) -> Any:
+    arr = tensor.data.reshape(-1)
+    if tensor.datatype == "BYTES":
+        return [x.decode("utf-8", "replace") if isinstance(x, (bytes, bytearray)) else str(x) for x in arr]
+    if tensor.datatype == "FP16":
+        return arr.astype(np.float32)
+    return arr
+
+
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header length when binary outputs follow it."""
+    all_binary = bool(request.parameters.get("binary_data_output", False))
+    chunks: list[bytes] = []
+    outputs = []
+    for tensor in response.outputs:
+        binary = tensor.parameters.get("binary_data", all_binary)
+        out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        if binary:
+            raw = to_raw(tensor.data, tensor.datatype)
+            chunks.append(raw)
+            out["parameters"] = {"binary_data_size": len(raw)}
+        else:
+            out["data"] = _json_data(tensor)
+        outputs.append(out)
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version, "outputs": outputs}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def v1_instances_to_request(model_name: str, doc: Any, specs: list) -> InferRequest:
+    """KServe V1 ``instances`` (row) or ``inputs`` (columnar) -> a V2 request."""
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object")
+    if ("instances" in doc) == ("inputs" in doc):
+        raise InvalidInput("request must have exactly one of 'instances' or 'inputs'")
+    by_name = {p.name: p for p in specs}
+    columns: dict[str, Any]
+    if "instances" in doc:
+        rows = doc["instances"]
+        if not isinstance(rows, list) or not rows:
+            raise InvalidInput("'instances' must be a non-empty list")
+        if all(isinstance(r, dict) for r in rows):
+            columns = {}
+            for i, row in enumerate(rows):
+                for key, value in row.items():
+                    columns.setdefault(key, []).append(value)
+            for key, col in columns.items():
+                if len(col) != len(rows):
+                    raise InvalidInput(f"instance field {key!r} is missing from some instances")
+        elif len(specs) == 1:
+            columns = {specs[0].name: rows}
+        else:
+            raise InvalidInput(f"model {model_name!r} has inputs {list(by_name)}: each instance must be an object naming them")
+    else:
+        cols = doc["inputs"]
+        columns = cols if isinstance(cols, dict) else ({specs[0].name: cols} if len(specs) == 1 else None)
+        if columns is None:
+            raise InvalidInput(f"model {model_name!r} has inputs {list(by_name)}: 'inputs' must be an object naming them")
+    inputs = []
+    for key, values in columns.items():
+        port = by_name.get(key)
+        if port is None:
+            raise InvalidInput(f"unknown input {key!r}; model {model_name!r} has inputs {list(by_name)}")
+        where = f"input {key!r}"
+        try:
+            if port.datatype == "BYTES":
+                arr = np.asarray(values, dtype=object)
+            else:
+                arr = np.asarray(values, dtype=V2_TO_NUMPY[port.datatype])
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise InvalidInput(f"{where}: instances do not form a {port.datatype} tensor: {exc}") from None
+        if arr.size > 0 and math.prod(arr.shape) != arr.size:  # pragma: no cover - numpy invariant
+            raise InvalidInput(f"{where}: ragged instances")
+        array = from_values(where, port.datatype, tuple(arr.shape), arr)
+        inputs.append(Tensor(key, port.datatype, tuple(arr.shape), array))
+    return InferRequest(model_name=model_name, inputs=inputs)
+
+
+def v1_predictions(response: InferResponse) -> dict[str, Any]:
+    """Row-form predictions: one entry per instance; a dict per row for several outputs."""
+    def rows(t: Tensor) -> list:
+        data = t.data
+        if t.datatype == "BYTES":
+            data = np.vectorize(lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b), otypes=[object])(data)
+        elif t.datatype == "FP16":
+            data = data.astype(np.float32)
+        return data.tolist()
+
+    if len(response.outputs) == 1:
+        return {"predictions": rows(response.outputs[0])}
+    columns = {t.name: rows(t) for t in response.outputs}
+    n = min(len(c) for c in columns.values())
+    return {"predictions": [{k: c[i] for k, c in columns.items()} for i in range(n)]}

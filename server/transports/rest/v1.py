@@ -1,0 +1,46 @@
+"""KServe V1 REST endpoints: list, model status, :predict and :explain."""
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ...errors import Unsupported
+from .http import dataplane, json_response, read_body
+from .codec import parse_json, v1_instances_to_request, v1_predictions
+
+
+async def list_models(request: Request) -> Response:
+    return json_response({"models": dataplane(request).model_names()})
+
+
+async def model_status(request: Request) -> Response:
+    dp = dataplane(request)
+    name = request.path_params["model"]
+    versions = dp.model_status(name)
+    return json_response({"name": name, "ready": dp.model_ready(name), "versions": versions})
+
+
+async def predict(request: Request) -> Response:
+    dp = dataplane(request)
+    name = request.path_params["model"]
+    body = await read_body(request, request.app.state.max_request_bytes)
+    doc = parse_json(body)
+    req = v1_instances_to_request(name, doc, dp.input_specs(name))
+    resp = await dp.infer(req)
+    return json_response(v1_predictions(resp))
+
+
+async def explain(request: Request) -> Response:
+    name = request.path_params["model"]
+    dataplane(request).manager.served(name)  # 404 for an unknown model first
+    raise Unsupported(f"model {name!r} has no explainer configured; run an explainer component for :explain")
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model}", model_status, methods=["GET"]),
+        Route("/v1/models/{model}:predict", predict, methods=["POST"]),
+        Route("/v1/models/{model}:explain", explain, methods=["POST"]),
+    ]

@@ -1,0 +1,100 @@
+"""KServe V2 REST endpoints (health, metadata, infer, repository extension)."""
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .http import dataplane, json_response, read_body
+from .codec import HEADER, decode_infer_request, encode_infer_response, parse_json
+
+
+async def server_metadata(request: Request) -> Response:
+    return json_response(dataplane(request).server_metadata())
+
+
+async def live(request: Request) -> Response:
+    ok = dataplane(request).server_live()
+    return json_response({"live": ok}, 200 if ok else 503)
+
+
+async def ready(request: Request) -> Response:
+    ok = dataplane(request).server_ready()
+    return json_response({"ready": ok}, 200 if ok else 503)
+
+
+async def list_models(request: Request) -> Response:
+    return json_response({"models": dataplane(request).model_names()})
+
+
+def _name_version(request: Request) -> tuple[str, str]:
+    p = request.path_params
+    return p["model"], p.get("version", "")
+
+
+async def model_metadata(request: Request) -> Response:
+    name, version = _name_version(request)
+    md = dataplane(request).model_metadata(name, version)
+    return json_response(
+        {
+            "name": md.name,
+            "versions": md.versions,
+            "platform": md.platform,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.inputs],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.outputs],
+        }
+    )
+
+
+async def model_ready(request: Request) -> Response:
+    name, version = _name_version(request)
+    ok = dataplane(request).model_ready(name, version)
+    return json_response({"name": name, "ready": ok}, 200 if ok else 503)
+
+
+async def infer(request: Request) -> Response:
+    name, version = _name_version(request)
+    body = await read_body(request, request.app.state.max_request_bytes)
+    req = decode_infer_request(name, version, body, request.headers.get(HEADER))
+    resp = await dataplane(request).infer(req)
+    payload, header_len = encode_infer_response(resp, req)
+    if header_len is None:
+        return Response(payload, media_type="application/json")
+    return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_len)})
+
+
+async def repository_index(request: Request) -> Response:
+    body = await read_body(request, request.app.state.max_request_bytes)
+    doc = parse_json(body) if body.strip() else {}
+    ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
+    return json_response(dataplane(request).manager.index(ready_only))
+
+
+async def repository_load(request: Request) -> Response:
+    await dataplane(request).manager.load(request.path_params["model"])
+    return json_response({})
+
+
+async def repository_unload(request: Request) -> Response:
+    await dataplane(request).manager.unload(request.path_params["model"])
+    return json_response({})
+
+
+def routes() -> list[Route]:
+    m = "/v2/models/{model}"
+    mv = "/v2/models/{model}/versions/{version}"
+    return [
+        Route("/v2", server_metadata, methods=["GET"]),
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", ready, methods=["GET"]),
+        Route("/v2/models", list_models, methods=["GET"]),
+        Route(m, model_metadata, methods=["GET"]),
+        Route(mv, model_metadata, methods=["GET"]),
+        Route(m + "/ready", model_ready, methods=["GET"]),
+        Route(mv + "/ready", model_ready, methods=["GET"]),
+        Route(m + "/infer", infer, methods=["POST"]),
+        Route(mv + "/infer", infer, methods=["POST"]),
+        Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", repository_load, methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", repository_unload, methods=["POST"]),
+    ]
