@@ -37,14 +37,7 @@ class _Uvicorn(uvicorn.Server):
 
 
 def make_source(settings: Settings) -> Source:
-    mode = settings.mode()
-    if mode == "config":
-        assert settings.config is not None
-        return ConfigFileSource(settings.config)
-    if mode == "repository":
-        assert settings.model_repository is not None
-        return RepositorySource(settings.model_repository)
-    assert settings.model_path is not None and settings.model_name
+    """The model source for the chosen mode; the model flags are every model's defaults."""
     options = LoadOptions(
         device=settings.target_device,
         shape=settings.shape,
@@ -53,6 +46,14 @@ def make_source(settings: Settings) -> Source:
         nireq=settings.nireq,
         plugin_config=dict(settings.plugin_config),
     )
+    mode = settings.mode()
+    if mode == "config":
+        assert settings.config is not None
+        return ConfigFileSource(settings.config, options)
+    if mode == "repository":
+        assert settings.model_repository is not None
+        return RepositorySource(settings.model_repository, options)
+    assert settings.model_path is not None and settings.model_name
     return SingleModelSource(settings.model_name, settings.model_path, options)
 
 

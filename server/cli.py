@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
          choices=["debug", "info", "warning", "error"])
     _add(ops, "--poll-interval", float, d.poll_interval, "seconds between checks of the config file and version folders; 0 disables")
     _add(ops, "--grace-period", float, d.grace_period, "seconds in-flight requests get to finish on SIGTERM")
-    one = serve.add_argument_group("single-model mode options (as in config.json)")
+    one = serve.add_argument_group(
+        "model options (as in config.json; defaults for every model, config.json entries override them)")
     _add(one, "--target-device", str, d.target_device, "OpenVINO device")
     _add(one, "--nireq", int, d.nireq, "parallel infer requests; 0 = the device's optimal number")
     _add(one, "--shape", str, None, "input shape, e.g. '(1,3,224,224)' or '{\"x\": \"(-1,16)\"}'")

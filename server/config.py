@@ -35,11 +35,11 @@ class Settings:
     poll_interval: float = 1.0
     #: Seconds in-flight requests get to finish after SIGTERM.
     grace_period: float = 25.0
-    #: Single-model mode: the OpenVINO device.
+    #: Model defaults (config.json entries override them): the OpenVINO device.
     target_device: str = "CPU"
-    #: Single-model mode: number of parallel infer requests (0 = device's optimum).
+    #: Model defaults: number of parallel infer requests (0 = device's optimum).
     nireq: int = 0
-    #: Single-model mode: shape, layout, batch size and plugin config, as in config.json.
+    #: Model defaults: shape, layout, batch size and plugin config, as in config.json.
     shape: str | None = None
     layout: str | None = None
     batch_size: str | None = None

@@ -50,7 +50,7 @@ _ALLOWED = {
 }
 
 
-def parse_model_entry(entry: Any, base_dir: Path, index: int) -> ModelConfig:
+def parse_model_entry(entry: Any, base_dir: Path, index: int, defaults: LoadOptions | None = None) -> ModelConfig:
     where = f"model_config_list[{index}]"
     if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
         raise InvalidInput(f"{where}: each entry must be an object with a 'config' object")
@@ -64,7 +64,8 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int) -> ModelConfig:
     unknown = set(cfg) - _ALLOWED
     if unknown:
         log.warning("%s (%s): ignoring unsupported keys %s", where, name, sorted(unknown))
-    nireq = cfg.get("nireq", 0)
+    defaults = defaults or LoadOptions()
+    nireq = cfg.get("nireq", defaults.nireq)
     if not isinstance(nireq, int) or isinstance(nireq, bool) or nireq < 0:
         raise InvalidInput(f"{where} ({name}): 'nireq' must be a non-negative integer")
     plugin = cfg.get("plugin_config", {})
@@ -75,7 +76,8 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int) -> ModelConfig:
             raise InvalidInput(f"{where} ({name}): 'plugin_config' is not valid JSON") from None
     if not isinstance(plugin, dict):
         raise InvalidInput(f"{where} ({name}): 'plugin_config' must be an object")
-    device = cfg.get("target_device", "CPU")
+    plugin = {**defaults.plugin_config, **plugin}
+    device = cfg.get("target_device", defaults.device)
     if not isinstance(device, str) or not device:
         raise InvalidInput(f"{where} ({name}): 'target_device' must be a string")
     path = Path(base).expanduser()
@@ -83,9 +85,9 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int) -> ModelConfig:
         path = base_dir / path
     options = LoadOptions(
         device=device,
-        shape=cfg.get("shape"),
-        layout=cfg.get("layout"),
-        batch_size=cfg.get("batch_size"),
+        shape=cfg.get("shape", defaults.shape),
+        layout=cfg.get("layout", defaults.layout),
+        batch_size=cfg.get("batch_size", defaults.batch_size),
         nireq=nireq,
         plugin_config=plugin,
     )
@@ -93,7 +95,7 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int) -> ModelConfig:
     return ModelConfig(name, path.resolve(), policy, options, json.dumps(cfg, sort_keys=True))
 
 
-def parse_config(text: str, base_dir: Path) -> list[ModelConfig]:
+def parse_config(text: str, base_dir: Path, defaults: LoadOptions | None = None) -> list[ModelConfig]:
     """Parse an OVMS-style config.json; relative base paths resolve against base_dir."""
     try:
         doc = json.loads(text)
@@ -101,7 +103,7 @@ def parse_config(text: str, base_dir: Path) -> list[ModelConfig]:
         raise InvalidInput(f"config is not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model_config_list", []), list):
         raise InvalidInput("config must be an object with a 'model_config_list' list")
-    models = [parse_model_entry(e, base_dir, i) for i, e in enumerate(doc.get("model_config_list", []))]
+    models = [parse_model_entry(e, base_dir, i, defaults) for i, e in enumerate(doc.get("model_config_list", []))]
     names = [m.name for m in models]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -110,8 +112,9 @@ def parse_config(text: str, base_dir: Path) -> list[ModelConfig]:
 
 
 class ConfigFileSource:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, defaults: LoadOptions | None = None) -> None:
         self.path = path.resolve()
+        self.defaults = defaults or LoadOptions()
 
     def describe(self) -> str:
         return f"config file {self.path}"
@@ -121,14 +124,15 @@ class ConfigFileSource:
             text = self.path.read_text()
         except OSError as exc:
             raise InvalidInput(f"cannot read config file {self.path}: {exc}") from None
-        return parse_config(text, self.path.parent)
+        return parse_config(text, self.path.parent, self.defaults)
 
 
 class RepositorySource:
     """Every folder of the repository is a model, with the default policy."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, defaults: LoadOptions | None = None) -> None:
         self.root = root.resolve()
+        self.defaults = defaults or LoadOptions()
 
     def describe(self) -> str:
         return f"model repository {self.root}"
@@ -139,7 +143,7 @@ class RepositorySource:
         out = []
         for entry in sorted(self.root.iterdir()):
             if entry.is_dir() and not entry.name.startswith("."):
-                out.append(ModelConfig(entry.name, entry, raw=entry.name))
+                out.append(ModelConfig(entry.name, entry, options=self.defaults, raw=entry.name))
         return out
 
 

@@ -1,0 +1,152 @@
+"""Fixtures that run the real server in its own process on ephemeral ports.
+
+The server under test always runs as ``python -m ovserve.server serve`` in a
+child process: that is how users run it, and it keeps its protobuf package
+(``inference``) out of the test process, where tritonclient defines its own.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+
+from . import models
+
+#: Full FP32 precision, so that expected values computed with numpy match
+#: closely (the CPU plugin may otherwise run FP32 models in BF16).
+EXACT = ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}']
+
+PORT_LINE = re.compile(r"(REST|gRPC) \(KServe [^)]*\) listening on \S+:(\d+)")
+
+
+class ServerProcess:
+    """A running ``ovserve serve`` with its bound ports and captured log."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.args = [sys.executable, "-m", "ovserve.server", "serve", "--host", "127.0.0.1",
+                     "--rest-port", "0", "--grpc-port", "0", *args]
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     env=full_env, cwd=cwd, text=True)
+        self.lines: list[str] = []
+        self.rest_port = 0
+        self.grpc_port = 0
+        self._ports = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            m = PORT_LINE.search(line)
+            if m:
+                if m.group(1) == "REST":
+                    self.rest_port = int(m.group(2))
+                else:
+                    self.grpc_port = int(m.group(2))
+                if self.rest_port and self.grpc_port:
+                    self._ports.set()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def wait_ports(self, timeout: float = 60) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while not self._ports.wait(0.05):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server did not bind its ports:\n{self.log}")
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> "ServerProcess":
+        self.wait_ports(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/v2/health/ready", timeout=2).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
+            time.sleep(0.05)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log}")
+
+    def wait_log(self, pattern: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if rx.search(line):
+                    return line
+            time.sleep(0.05)
+        raise TimeoutError(f"no log line matching {pattern!r}:\n{self.log}")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_server() -> Iterator:
+    """Factory: start_server(args...) -> ServerProcess (stopped at teardown)."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True, cwd: Path | None = None) -> ServerProcess:
+        server = ServerProcess([str(a) for a in args], env=env, cwd=cwd)
+        started.append(server)
+        return server.wait_ready() if ready else server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository with the models most protocol tests use."""
+    repo = tmp_path_factory.mktemp("repo")
+    models.save(models.add_one(), repo, "add")
+    models.save(models.matmul(), repo, "matmul")
+    models.save(models.two_in_two_out(), repo, "two")
+    models.save(models.fixed_batch(1), repo, "fixed")
+    for datatype, element in models.OV_TYPES.items():
+        models.save(models.add_one((-1, 4), element), repo, f"dt_{datatype.lower()}")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def server(demo_repo: Path) -> Iterator[ServerProcess]:
+    """One shared server over demo_repo for read-only protocol tests."""
+    proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()

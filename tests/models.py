@@ -1,0 +1,92 @@
+"""Test models, built with OpenVINO's own API and fixed seeds.
+
+Every expected value in the tests is computed from these definitions with
+numpy, independently of the server.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+#: V2 datatype -> OpenVINO element type, for the per-datatype models.
+OV_TYPES = {
+    "BOOL": ov.Type.boolean,
+    "UINT8": ov.Type.u8,
+    "UINT16": ov.Type.u16,
+    "UINT32": ov.Type.u32,
+    "UINT64": ov.Type.u64,
+    "INT8": ov.Type.i8,
+    "INT16": ov.Type.i16,
+    "INT32": ov.Type.i32,
+    "INT64": ov.Type.i64,
+    "FP16": ov.Type.f16,
+    "FP32": ov.Type.f32,
+    "FP64": ov.Type.f64,
+    "BYTES": ov.Type.string,
+}
+
+MATMUL_SEED = 1234
+
+
+def _named(node, name: str):
+    node.output(0).get_tensor().set_names({name})
+    return node
+
+
+def add_one(shape=(-1, 16), element=ov.Type.f32, in_name="x", out_name="y", delta=1) -> ov.Model:
+    """y = x + delta (BOOL: y = not x; BYTES: y = x)."""
+    x = ops.parameter(ov.PartialShape(list(shape)), element, name=in_name)
+    if element == ov.Type.boolean:
+        y = ops.logical_not(x)
+    elif element == ov.Type.string:
+        y = ops.convert(x, ov.Type.string) if False else x
+    else:
+        y = ops.add(x, ops.constant(np.array(delta).astype(element.to_dtype())))
+    if element == ov.Type.string:
+        res = ops.result(x)
+        res.output(0).get_tensor().set_names({out_name})
+        return ov.Model([res], [x], "identity")
+    return ov.Model([_named(y, out_name)], [x], "add")
+
+
+def matmul_weights(k: int = 8, n: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(MATMUL_SEED)
+    return rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+
+
+def matmul(k: int = 8, n: int = 4) -> ov.Model:
+    """y = x @ W + b with seeded weights (see matmul_weights)."""
+    w, b = matmul_weights(k, n)
+    x = ops.parameter(ov.PartialShape([-1, k]), ov.Type.f32, name="x")
+    y = ops.add(ops.matmul(x, ops.constant(w), False, False), ops.constant(b))
+    return ov.Model([_named(y, "y")], [x], "matmul")
+
+
+def two_in_two_out() -> ov.Model:
+    """sum = a + b (FP32 [-1,4]); prod = a * b (FP32 [-1,4])."""
+    a = ops.parameter(ov.PartialShape([-1, 4]), ov.Type.f32, name="a")
+    b = ops.parameter(ov.PartialShape([-1, 4]), ov.Type.f32, name="b")
+    return ov.Model([_named(ops.add(a, b), "sum"), _named(ops.multiply(a, b), "prod")], [a, b], "two")
+
+
+def fixed_batch(batch: int = 1) -> ov.Model:
+    """A static-shape model: x FP32 [batch, 4] -> y = x * 2."""
+    x = ops.parameter(ov.PartialShape([batch, 4]), ov.Type.f32, name="x")
+    return ov.Model([_named(ops.multiply(x, ops.constant(np.float32(2))), "y")], [x], "fixed")
+
+
+def save(model: ov.Model, repo: Path, name: str, version: int = 1) -> Path:
+    target = Path(repo) / name / str(version)
+    target.mkdir(parents=True, exist_ok=True)
+    ov.save_model(model, str(target / "model.xml"), compress_to_fp16=False)
+    return target
+
+
+def write_config(path: Path, entries: list[dict]) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps({"model_config_list": [{"config": e} for e in entries]}, indent=2))
+    return path

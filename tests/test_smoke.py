@@ -1,0 +1,23 @@
+"""A first end-to-end check with the stock tritonclient on both transports."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+
+from . import models
+
+
+@pytest.mark.parametrize("mod", [thttp, tgrpc], ids=["http", "grpc"])
+def test_tritonclient_matmul(server, mod) -> None:
+    url = server.url[len("http://"):] if mod is thttp else server.grpc_target
+    client = mod.InferenceServerClient(url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("matmul")
+    x = np.random.default_rng(7).standard_normal((3, 8)).astype(np.float32)
+    inp = mod.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("matmul", [inp], outputs=[mod.InferRequestedOutput("y")])
+    w, b = models.matmul_weights()
+    np.testing.assert_allclose(result.as_numpy("y"), x @ w + b, rtol=1e-5, atol=1e-5)
