@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install ovserve into .venv, build the demo model repository in ./models and serve it.
+# REST on :8080, gRPC on :8081 (override with OVSERVE_REST_PORT / OVSERVE_GRPC_PORT).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e .
+.venv/bin/ovserve demo ./models
+exec .venv/bin/ovserve serve --model-repository ./models "$@"
