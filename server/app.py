@@ -16,6 +16,7 @@ from typing import Iterator
 
 import uvicorn
 
+from .codecs import images
 from .config import Settings
 from .dataplane import DataPlane
 from .errors import InvalidInput
@@ -70,6 +71,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class Server:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        images.configure(settings.max_image_pixels)
         self.manager = ModelManager(make_source(settings), poll_interval=settings.poll_interval)
         self.dataplane = DataPlane(self.manager)
         self.grpc = GrpcServer(self.dataplane, settings.max_request_bytes)

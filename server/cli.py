@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(net, "--rest-port", int, d.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)")
     _add(net, "--grpc-port", int, d.grpc_port, "KServe V2 gRPC port; 0 picks a free port (logged)")
     _add(net, "--max-request-bytes", int, d.max_request_bytes, "largest request accepted, REST and gRPC")
+    _add(net, "--max-image-pixels", int, d.max_image_pixels, "largest encoded image decoded (width x height)")
     ops = serve.add_argument_group("operation")
     _add(ops, "--log-level", str, d.log_level, "debug, info, warning or error",
          choices=["debug", "info", "warning", "error"])

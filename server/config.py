@@ -31,6 +31,8 @@ class Settings:
     log_level: str = "info"
     #: Largest request body accepted, REST and gRPC alike.
     max_request_bytes: int = 1 << 30
+    #: Largest image (width x height pixels) decoded from BYTES inputs; guards against decompression bombs.
+    max_image_pixels: int = 64 * 1024 * 1024
     #: Seconds between checks of the config file and version folders (0 = never).
     poll_interval: float = 1.0
     #: Seconds in-flight requests get to finish after SIGTERM.

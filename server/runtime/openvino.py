@@ -61,6 +61,7 @@ class PortInfo:
     datatype: str
     dims: tuple[Dim, ...]
     index: int
+    layout: str = ""  # e.g. "NHWC"; empty when the model does not say
 
     @property
     def spec(self) -> TensorSpec:
@@ -268,7 +269,12 @@ class OpenVINOModel:
             datatype = OV_TO_V2[type_name]
         except KeyError:
             raise FailedPrecondition(f"{kind} {name} has element type {type_name}, which ovserve cannot serve") from None
-        return PortInfo(name, datatype, _dims(port.get_partial_shape(), f"{kind} {name}"), index)
+        layout = ""
+        if kind == "input":
+            ov_layout = port.get_node().get_layout()
+            if not ov_layout.empty:
+                layout = ov_layout.to_string().strip("[]").replace(",", "")
+        return PortInfo(name, datatype, _dims(port.get_partial_shape(), f"{kind} {name}"), index, layout)
 
     def unload(self) -> None:
         self._slots = []
