@@ -5,6 +5,12 @@ format into :mod:`ovserve.server.types`, call here, and encode the answer.
 """
 from __future__ import annotations
 
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from .codecs.datatypes import V2_TO_NUMPY
+from .codecs.images import decode_images
 from .errors import InvalidInput, Unavailable
 from .repository.manager import ModelManager
 from .repository.states import State
@@ -22,6 +28,8 @@ class DataPlane:
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
         self.live = False  # set once the transports accept connections
+        # OpenCV releases the GIL: the images of a batch decode in parallel, off the loop.
+        self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")
 
     # -- health and metadata ----------------------------------------------
     def server_live(self) -> bool:
@@ -75,8 +83,10 @@ class DataPlane:
         try:
             model = mv.model
             assert model is not None and mv.status.state is State.AVAILABLE
-            feed = check_inputs(request, model)
+            feed, images = check_inputs(request, model)
             wanted = check_outputs(request, model)
+            if images:
+                await self._decode(feed, images)
             results = await model.infer(feed)
         finally:
             self.manager.release(mv)
@@ -92,16 +102,43 @@ class DataPlane:
         )
 
 
-def check_inputs(request: InferRequest, model: OpenVINOModel) -> dict:
-    """Match request inputs to model inputs: names, count, datatype, shape."""
+    async def _decode(self, feed: dict, images: list[tuple[Tensor, PortInfo]]) -> None:
+        loop = asyncio.get_running_loop()
+        for tensor, port in images:
+            feed[port.name] = await loop.run_in_executor(
+                None, decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
+                port.dims, port.layout, V2_TO_NUMPY[port.datatype], self._decoders,
+            )
+
+
+def takes_images(tensor: Tensor, port: PortInfo) -> bool:
+    """OVMS rule: BYTES of shape [N] into a 4-D non-string input are N encoded images."""
+    return tensor.datatype == "BYTES" and port.datatype != "BYTES" and len(port.dims) == 4
+
+
+def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict, list[tuple[Tensor, PortInfo]]]:
+    """Match request inputs to model inputs: names, count, datatype, shape.
+
+    Returns the feed and the inputs that still need image decoding.
+    """
     ports = {p.name: p for p in model.inputs}
-    feed = {}
+    feed: dict = {}
+    images: list[tuple[Tensor, PortInfo]] = []
     for tensor in request.inputs:
         port = ports.get(tensor.name)
         if port is None:
             raise InvalidInput(f"unknown input {tensor.name!r}; model {request.model_name!r} has inputs {list(ports)}")
         if tensor.name in feed:
             raise InvalidInput(f"input {tensor.name!r} is given more than once")
+        if takes_images(tensor, port):
+            if len(tensor.shape) != 1:
+                raise InvalidInput(
+                    f"input {tensor.name!r}: encoded images are sent with shape [N] (the number of images), "
+                    f"got {list(tensor.shape)}"
+                )
+            feed[tensor.name] = None
+            images.append((tensor, port))
+            continue
         if tensor.datatype != port.datatype:
             raise InvalidInput(
                 f"input {tensor.name!r}: datatype {tensor.datatype} does not match the model's {port.datatype}"
@@ -116,7 +153,7 @@ def check_inputs(request: InferRequest, model: OpenVINOModel) -> dict:
     missing = [n for n in ports if n not in feed]
     if missing:
         raise InvalidInput(f"missing inputs {missing}; model {request.model_name!r} needs {list(ports)}")
-    return feed
+    return feed, images
 
 
 def check_outputs(request: InferRequest, model: OpenVINOModel) -> list[tuple[PortInfo, dict]]:

@@ -37,7 +37,8 @@ def _fingerprint(path: Path) -> tuple:
 
 
 def _describe(port: PortInfo) -> str:
-    return f"{port.name} {port.datatype}[{','.join(str(d) for d in port.dims)}]"
+    layout = f" {port.layout}" if port.layout else ""
+    return f"{port.name} {port.datatype}[{','.join(str(d) for d in port.dims)}]{layout}"
 
 
 @dataclass(eq=False)
