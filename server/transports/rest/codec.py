@@ -64,7 +64,7 @@ def decode_infer_request(model_name: str, version: str, body: bytes, header_leng
     else:
         doc, binary = parse_json(view), view[:0]
     if doc is None:
-        raise InvalidInput("a request without a JSON inference header is not supported; send the header")
+        raise InvalidInput("Inference-Header-Content-Length 0 needs the model's input spec; use decode_headerless")
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -129,6 +129,38 @@ def decode_infer_request(model_name: str, version: str, body: bytes, header_leng
         inputs=inputs,
         outputs=outputs,
     )
+
+
+def decode_headerless(model_name: str, version: str, body: bytes, specs: list) -> InferRequest:
+    """Inference-Header-Content-Length 0: the whole body is the model's only input.
+
+    A BYTES input, or a 4-D input whose batch-1 raw size the body does not
+    match, takes the body as one element (one encoded image); otherwise the
+    body is the raw tensor of batch 1. All outputs come back binary.
+    """
+    if len(specs) != 1:
+        raise InvalidInput(
+            f"Inference-Header-Content-Length 0 sends the body as the only input, but model {model_name!r} "
+            f"has {len(specs)} inputs"
+        )
+    port = specs[0]
+    where = f"input {port.name!r}"
+    raw_shape = [1 if i == 0 and not d.static else d.lo for i, d in enumerate(port.dims)]
+    static = all(d.static or i == 0 for i, d in enumerate(port.dims))
+    raw_size = math.prod(raw_shape) * V2_TO_NUMPY[port.datatype].itemsize if port.datatype != "BYTES" else -1
+    if port.datatype != "BYTES" and static and len(body) == raw_size:
+        shape = tuple(raw_shape)
+        array = from_raw(where, port.datatype, shape, memoryview(body))
+        tensor = Tensor(port.name, port.datatype, shape, array)
+    elif port.datatype == "BYTES" or len(port.dims) == 4:
+        tensor = Tensor(port.name, "BYTES", (1,), from_values(where, "BYTES", (1,), [body]))
+    else:
+        raise InvalidInput(
+            f"{where}: a body of {len(body)} bytes does not match the model's input of batch 1 "
+            f"({raw_size} bytes of {port.datatype})"
+        )
+    return InferRequest(model_name=model_name, model_version=version, inputs=[tensor],
+                        parameters={"binary_data_output": True})
 
 
 def _json_data(tensor: Tensor) -> Any:

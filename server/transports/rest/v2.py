@@ -6,7 +6,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .http import dataplane, json_response, read_body
-from .codec import HEADER, decode_infer_request, encode_infer_response, parse_json
+from .codec import HEADER, decode_headerless, decode_infer_request, encode_infer_response, parse_json
 
 
 async def server_metadata(request: Request) -> Response:
@@ -55,7 +55,11 @@ async def model_ready(request: Request) -> Response:
 async def infer(request: Request) -> Response:
     name, version = _name_version(request)
     body = await read_body(request, request.app.state.max_request_bytes)
-    req = decode_infer_request(name, version, body, request.headers.get(HEADER))
+    header = request.headers.get(HEADER)
+    if header is not None and header.strip() == "0":
+        req = decode_headerless(name, version, body, dataplane(request).input_specs(name, version))
+    else:
+        req = decode_infer_request(name, version, body, header)
     resp = await dataplane(request).infer(req)
     payload, header_len = encode_infer_response(resp, req)
     if header_len is None:
