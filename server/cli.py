@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ovserve",
         description="Serve OpenVINO models over the KServe V2 (REST and gRPC) and V1 (REST) protocols.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ovserve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -83,8 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(one, "--layout", str, None, "input layout, e.g. NHWC or NHWC:NCHW")
     _add(one, "--batch-size", str, None, "batch size to reshape the model to")
     _add(one, "--plugin-config", _json_object, {}, "OpenVINO properties as a JSON object, e.g. '{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'")
+    parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
+    # The top-level help lists every serve option too, each with its environment variable.
+    flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
+    parser.epilog = "options of `ovserve serve` (details: ovserve serve --help):\n" + "\n".join(
+        f"  {a.option_strings[0]:<22} {ENV_PREFIX}{a.dest.upper()}" for a in flags
+    )
     return parser
 
 
@@ -128,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(ns)
         settings.mode()
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.serve_parser.error(str(exc))  # type: ignore[attr-defined]
     _configure_logging(settings.log_level)
     from .app import serve  # heavy imports only when serving
 

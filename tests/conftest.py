@@ -150,3 +150,22 @@ def server(demo_repo: Path) -> Iterator[ServerProcess]:
         yield proc.wait_ready()
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def echo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``echo_<datatype>`` for every V2 datatype: x[-1,4] returned unchanged as ``x``."""
+    repo = tmp_path_factory.mktemp("echo_repo")
+    for datatype, element in models.OV_TYPES.items():
+        models.save(models.identity((-1, 4), element), repo, f"echo_{datatype.lower()}")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def echo_server(echo_repo: Path) -> Iterator[ServerProcess]:
+    """A shared server over echo_repo: every datatype's full range, untouched by arithmetic."""
+    proc = ServerProcess(["--model-repository", str(echo_repo), "--poll-interval", "0", *EXACT])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()

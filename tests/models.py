@@ -38,19 +38,26 @@ def _named(node, name: str):
 
 
 def add_one(shape=(-1, 16), element=ov.Type.f32, in_name="x", out_name="y", delta=1) -> ov.Model:
-    """y = x + delta (BOOL: y = not x; BYTES: y = x)."""
+    """y = x + delta (BOOL: y = not x; BYTES: y = x, through a shape-preserving Reshape)."""
     x = ops.parameter(ov.PartialShape(list(shape)), element, name=in_name)
     if element == ov.Type.boolean:
         y = ops.logical_not(x)
     elif element == ov.Type.string:
-        y = ops.convert(x, ov.Type.string) if False else x
+        # Not a bare Result: that would share (and rename) the input's tensor.
+        y = ops.reshape(x, ops.shape_of(x), False)
     else:
         y = ops.add(x, ops.constant(np.array(delta).astype(element.to_dtype())))
-    if element == ov.Type.string:
-        res = ops.result(x)
-        res.output(0).get_tensor().set_names({out_name})
-        return ov.Model([res], [x], "identity")
     return ov.Model([_named(y, out_name)], [x], "add")
+
+
+def identity(shape=(-1, 4), element=ov.Type.f32, name="x") -> ov.Model:
+    """Parameter straight to Result: the input and the output are one tensor, ``name``.
+
+    The CPU plugin computes 64-bit integers in 32 bits, but a bare Result copies
+    them untouched, so this model echoes the full range of every datatype.
+    """
+    x = ops.parameter(ov.PartialShape(list(shape)), element, name=name)
+    return ov.Model([ops.result(x)], [x], "identity")
 
 
 def matmul_weights(k: int = 8, n: int = 4) -> tuple[np.ndarray, np.ndarray]:

@@ -62,13 +62,28 @@ def from_values(where: str, datatype: str, shape: tuple[int, ...], values: Any) 
         flat = [bytes_tensor.as_bytes(v) for v in arr.reshape(-1)]
         return bytes_tensor.to_object_array(flat, shape)
     try:
+        # Parse without a target dtype first, so that a cast can never silently
+        # truncate (1.5 -> 1), wrap (300 -> 44) or reinterpret (true, "2").
+        arr = np.asarray(values)
+        if arr.dtype.kind == "f" and dtype.kind in "iu":
+            # numpy makes floats of integers when some do not fit int64 (UINT64
+            # values past 2**63 next to small ones): keep exact integers exact.
+            exact = np.asarray(values, dtype=object)
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in exact.flat):
+                arr = exact
         if datatype == "BOOL":
-            arr = np.asarray(values)
             if arr.size and arr.dtype != np.bool_:
                 raise ValueError("BOOL data must be true/false")
-            arr = arr.astype(np.bool_, copy=False)
-        else:
-            arr = np.asarray(values, dtype=dtype)
+        elif arr.size and arr.dtype.kind in "iu" and dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            low, high = arr.min(), arr.max()
+            if low < info.min or high > info.max:
+                raise ValueError(f"value {low if low < info.min else high} is out of range")
+        elif arr.size and arr.dtype.kind not in ("iufO" if dtype.kind == "f" else "iuO"):
+            raise ValueError(f"{datatype} data must be {'numbers' if dtype.kind == 'f' else 'integers'}")
+        # Object arrays (None, huge integers, mixed junk) convert element by
+        # element, which raises on anything that does not fit.
+        arr = np.asarray(arr, dtype=dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"{where}: data does not fit datatype {datatype}: {exc}") from None
     if arr.size != count:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from ..runtime.openvino import LoadOptions
 from .policy import VersionPolicy
 
 log = logging.getLogger(__name__)
+
+_VERSION_FOLDER = re.compile(r"[1-9][0-9]*")
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,9 @@ class ModelConfig:
         for entry in entries:
             if not entry.is_dir():
                 continue
-            if entry.name.isdigit() and int(entry.name) > 0:
+            # Canonical ASCII numbers only: the folder of version N is str(N), so "01"
+            # or "²" (which str.isdigit accepts) cannot name a version.
+            if _VERSION_FOLDER.fullmatch(entry.name):
                 found.append(int(entry.name))
             else:
                 log.debug("model %s: ignoring folder %s (not a positive integer version)", self.name, entry.name)

@@ -152,13 +152,11 @@ class ModelManager:
     async def _reconcile_model(self, cfg: ModelConfig, force: bool = False) -> None:
         served = self.models.get(cfg.name)
         if served is not None and (force or served.config.raw != cfg.raw or served.config.base_path != cfg.base_path):
-            # The model's configuration changed: load its versions afresh.
+            # The model's configuration changed: load its versions afresh; the old ones
+            # serve until the fresh ones have loaded.
             if not force:
                 log.info("model %s: configuration changed, reloading", cfg.name)
-            fresh = ServedModel(cfg)
-            old = served
-            self.models[cfg.name] = fresh
-            await self._sync_versions(fresh, keep_serving=old)
+            await self._sync_versions(ServedModel(cfg), keep_serving=served)
             return
         if served is None:
             served = self.models[cfg.name] = ServedModel(cfg)
@@ -191,7 +189,16 @@ class ModelManager:
             served.versions[v] = mv
             loads.append(self._load(mv))
         await asyncio.gather(*loads)
+        if keep_serving is not None:
+            self.models[cfg.name] = served  # switch over now that the fresh versions have loaded
         stale = [mv for v, mv in served.versions.items() if v not in wanted and mv.status.state is not State.END]
+        if stale and wanted and not any(served.versions[v].status.state is State.AVAILABLE for v in wanted):
+            # No version the policy wants could load (say, a version folder still being
+            # copied): the older versions keep serving until one can.
+            if loads:
+                log.warning("model %s: keeping version(s) %s serving, no wanted version loaded",
+                            cfg.name, ", ".join(str(mv.version) for mv in stale))
+            stale = []
         if keep_serving is not None:
             stale += [mv for mv in keep_serving.versions.values() if mv.status.state is not State.END]
         # Retired versions stay listed in END, as OVMS shows them.

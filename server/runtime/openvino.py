@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,7 +319,12 @@ class OpenVINOModel:
         return await asyncio.shield(fut)
 
 
+#: OpenVINO's lines that only say where an error was raised ("Exception from f.cpp:84:",
+#: "Check 'cond' failed at f.cpp:887:"); the message is on the lines after them.
+_WHERE = re.compile(r"(Exception from|Check '.*' failed at) \S+:\d+:\s*")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("Exception from")]
+    lines = [ln for ln in text.splitlines() if ln.strip() and not _WHERE.fullmatch(ln)]
     return (lines[0] if lines else text)[:500]

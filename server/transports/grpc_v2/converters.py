@@ -73,11 +73,9 @@ def request_from_pb(msg: pb.ModelInferRequest) -> InferRequest:
             field = CONTENTS_FIELD.get(inp.datatype)
             if field is None:
                 raise InvalidInput(f"{where}: {inp.datatype} can only be sent in raw_input_contents")
-            values = getattr(inp.contents, field)
-            if inp.datatype == "BYTES":
-                array = from_values(where, "BYTES", shape, list(values))
-            else:
-                array = from_values(where, inp.datatype, shape, np.asarray(values, dtype=numpy_dtype(inp.datatype, where) if inp.datatype != "BOOL" else np.bool_))
+            # from_values does the casting, so that a value out of the datatype's
+            # range (300 in int_contents for INT8) is a clear InvalidInput.
+            array = from_values(where, inp.datatype, shape, list(getattr(inp.contents, field)))
         inputs.append(Tensor(inp.name, inp.datatype, shape, array, params_from_pb(inp.parameters)))
     outputs = [RequestedOutput(o.name, params_from_pb(o.parameters)) for o in msg.outputs]
     return InferRequest(

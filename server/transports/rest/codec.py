@@ -59,12 +59,12 @@ def decode_infer_request(model_name: str, version: str, body: bytes, header_leng
             raise InvalidInput(
                 f"Inference-Header-Content-Length {json_len} is larger than the body ({len(view)} bytes)"
             )
-        doc = parse_json(view[:json_len], "inference header") if json_len else None
+        if json_len == 0:
+            raise InvalidInput("Inference-Header-Content-Length 0 needs the model's input spec; use decode_headerless")
+        doc = parse_json(view[:json_len], "inference header")
         binary = view[json_len:]
     else:
         doc, binary = parse_json(view), view[:0]
-    if doc is None:
-        raise InvalidInput("Inference-Header-Content-Length 0 needs the model's input spec; use decode_headerless")
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -234,15 +234,13 @@ def v1_instances_to_request(model_name: str, doc: Any, specs: list) -> InferRequ
             raise InvalidInput(f"unknown input {key!r}; model {model_name!r} has inputs {list(by_name)}")
         where = f"input {key!r}"
         try:
-            if port.datatype == "BYTES":
-                arr = np.asarray(values, dtype=object)
-            else:
-                arr = np.asarray(values, dtype=V2_TO_NUMPY[port.datatype])
+            # Only the shape is taken here; from_values checks and casts the values.
+            arr = np.asarray(values, dtype=object if port.datatype == "BYTES" else None)
         except (ValueError, TypeError, OverflowError) as exc:
             raise InvalidInput(f"{where}: instances do not form a {port.datatype} tensor: {exc}") from None
         if arr.size > 0 and math.prod(arr.shape) != arr.size:  # pragma: no cover - numpy invariant
             raise InvalidInput(f"{where}: ragged instances")
-        array = from_values(where, port.datatype, tuple(arr.shape), arr)
+        array = from_values(where, port.datatype, tuple(arr.shape), values)  # values: exact integers
         inputs.append(Tensor(key, port.datatype, tuple(arr.shape), array))
     return InferRequest(model_name=model_name, inputs=inputs)
 

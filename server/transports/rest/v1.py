@@ -1,4 +1,4 @@
-"""KServe V1 REST endpoints: list, model status, :predict and :explain."""
+"""KServe V1 REST endpoints: liveness, list, model status, :predict and :explain."""
 from __future__ import annotations
 
 from starlette.requests import Request
@@ -6,8 +6,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...errors import Unsupported
-from .http import dataplane, json_response, read_body
+from .http import dataplane, error_response, json_response, read_body
 from .codec import parse_json, v1_instances_to_request, v1_predictions
+
+
+async def live(request: Request) -> Response:
+    """KServe's V1 liveness at the root; the kserve SDK's V1 client reads ``status``."""
+    if not dataplane(request).server_live():
+        return error_response(503, "server is not live")
+    return json_response({"status": "alive"})
 
 
 async def list_models(request: Request) -> Response:
@@ -18,7 +25,9 @@ async def model_status(request: Request) -> Response:
     dp = dataplane(request)
     name = request.path_params["model"]
     versions = dp.model_status(name)
-    return json_response({"name": name, "ready": dp.model_ready(name), "versions": versions})
+    ready = dp.model_ready(name)
+    # KServe answers 503 for a model that is not ready; the body still says why.
+    return json_response({"name": name, "ready": ready, "versions": versions}, 200 if ready else 503)
 
 
 async def predict(request: Request) -> Response:
@@ -39,6 +48,7 @@ async def explain(request: Request) -> Response:
 
 def routes() -> list[Route]:
     return [
+        Route("/", live, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model}", model_status, methods=["GET"]),
         Route("/v1/models/{model}:predict", predict, methods=["POST"]),
