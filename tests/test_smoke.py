@@ -21,3 +21,22 @@ def test_tritonclient_matmul(server, mod) -> None:
     result = client.infer("matmul", [inp], outputs=[mod.InferRequestedOutput("y")])
     w, b = models.matmul_weights()
     np.testing.assert_allclose(result.as_numpy("y"), x @ w + b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mod", [thttp, tgrpc], ids=["http", "grpc"])
+def test_server_metadata(server, mod) -> None:
+    from ovserve.server import __version__
+
+    url = server.url[len("http://"):] if mod is thttp else server.grpc_target
+    client = mod.InferenceServerClient(url)
+    md = client.get_server_metadata(as_json=True) if mod is tgrpc else client.get_server_metadata()
+    assert md["name"] == "ovserve"
+    assert md["version"] == __version__
+    assert set(md["extensions"]) == {"model_repository", "binary_tensor_data", "parameters"}
+
+
+def test_rest_model_list(server) -> None:
+    import requests
+
+    names = requests.get(server.url + "/v2/models", timeout=10).json()["models"]
+    assert {"add", "matmul", "two", "fixed", "dt_fp32"} <= set(names)
