@@ -4,11 +4,7 @@
 # REST on :8080, gRPC on :8081 (override with OVSERVE_REST_PORT / OVSERVE_GRPC_PORT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e .
+source scripts/venv.sh
+ensure_venv
 .venv/bin/ovserve demo ./models --classifier
 exec .venv/bin/ovserve serve --model-repository ./models "$@"

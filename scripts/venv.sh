@@ -1,0 +1,15 @@
+# Sourced by the scripts here: make .venv (once) and install ovserve into it with
+# the extras given as arguments, e.g. `ensure_venv test,dev`.
+ensure_venv() {
+    local extras="${1:-}"
+    local python="${PYTHON:-python3}"
+    if [ ! -x .venv/bin/python ]; then
+        "$python" -m venv .venv
+    fi
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    if [ -n "$extras" ]; then
+        .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    else
+        .venv/bin/python -m pip install --quiet -e .
+    fi
+}
