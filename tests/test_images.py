@@ -78,7 +78,7 @@ JPEG = encode(solid(32, 32, (9, 9, 9)), ".jpg")
     ([b"not an image"], ANY, "image 0 cannot be decoded"),
     ([JPEG, b""], ANY, "image 1 is empty"),
     ([JPEG, JPEG[: len(JPEG) // 3]], ANY, "image 1 cannot be decoded"),
-    ([JPEG, JPEG], 1, "2 images do not fit the model's batch dimension 1"),
+    ([JPEG, JPEG], 1, r"2 images do not fit the model's batch dimension 1 \(image 1 is the first beyond it\)"),
 ])
 def test_bad_images_name_the_input_and_index(images: list, batch, needle: str) -> None:
     with pytest.raises(InvalidInput, match=needle) as err:

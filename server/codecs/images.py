@@ -91,7 +91,9 @@ def decode_images(
     layout = image_layout(layout, dims, where)
     n_dim, h_dim, w_dim, c_dim = (dims[0], dims[1], dims[2], dims[3]) if layout == "NHWC" else (dims[0], dims[2], dims[3], dims[1])
     if not n_dim.accepts(len(elements)):
-        raise InvalidInput(f"{where}: {len(elements)} images do not fit the model's batch dimension {n_dim}")
+        # Too many: name the first image beyond the batch, as every other bad image is named.
+        first_extra = f" (image {n_dim.hi} is the first beyond it)" if 0 <= n_dim.hi < len(elements) else ""
+        raise InvalidInput(f"{where}: {len(elements)} images do not fit the model's batch dimension {n_dim}{first_extra}")
     channels = c_dim.lo if c_dim.static else 3
     if channels not in (1, 3):
         raise InvalidInput(f"{where}: the model expects {channels} channels; images have 1 or 3")
