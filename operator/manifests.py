@@ -1,0 +1,127 @@
+"""Pure builders: an InferenceService dict -> the Deployments, Services and HPAs it needs.
+
+Nothing here talks to the API. ``children()`` is the whole desired state; the
+apply module makes the cluster match it. Input is assumed valid
+(``validation.check`` ran first).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from . import names as n
+from . import pods
+
+
+@dataclass(frozen=True)
+class Config:
+    """Operator-wide settings the builders need."""
+
+    #: image of the ovserve server, also used for the storage-initializer init container
+    image: str = "ovserve:latest"
+    #: pull policy for that image ("" leaves the cluster's default)
+    image_pull_policy: str = ""
+
+
+def owner_reference(isvc: dict) -> dict:
+    meta = isvc["metadata"]
+    return {"apiVersion": isvc.get("apiVersion", n.API_VERSION), "kind": isvc.get("kind", n.KIND),
+            "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _metadata(isvc: dict, name: str, labels: dict, annotations: dict | None = None) -> dict:
+    meta = {"name": name, "namespace": isvc["metadata"]["namespace"], "labels": labels,
+            "ownerReferences": [owner_reference(isvc)]}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def replicas(spec: dict) -> tuple[int, int]:
+    """(min, max) replicas; 0 or absent minReplicas is 1, absent maxReplicas is min."""
+    low = max(1, int(spec.get("minReplicas") or 1))
+    return low, max(low, int(spec.get("maxReplicas") or low))
+
+
+def autoscaled(spec: dict) -> bool:
+    low, high = replicas(spec)
+    return high > low
+
+
+def deployment(isvc: dict, component: str, cfg: Config) -> dict:
+    name = isvc["metadata"]["name"]
+    spec = isvc["spec"][component]
+    labels = n.child_labels(name, component)
+    user_labels = dict(spec.get("labels") or {})
+    template = {"metadata": {"labels": {**user_labels, **labels}}, "spec": pods.pod_spec(isvc, component, cfg)}
+    if spec.get("annotations"):
+        template["metadata"]["annotations"] = dict(spec["annotations"])
+    body: dict = {"selector": {"matchLabels": n.selector_labels(name, component)}, "template": template}
+    if not autoscaled(spec):  # with an HPA, the HPA owns spec.replicas
+        body = {"replicas": replicas(spec)[0], **body}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": _metadata(isvc, n.child_name(name, component), {**user_labels, **labels}),
+            "spec": body}
+
+
+def _service_ports(rest: int, grpc: int | None) -> list[dict]:
+    ports = [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": rest}]
+    if grpc:  # named and marked h2c: gRPC is HTTP/2 without TLS
+        ports.append({"name": "h2c", "protocol": "TCP", "port": n.GRPC_PORT, "targetPort": grpc,
+                      "appProtocol": "kubernetes.io/h2c"})
+    return ports
+
+
+def service(isvc: dict, component: str) -> dict:
+    name = isvc["metadata"]["name"]
+    rest, grpc = pods.serving_ports(isvc["spec"][component], component)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(isvc, n.child_name(name, component), n.child_labels(name, component)),
+            "spec": {"selector": n.selector_labels(name, component), "ports": _service_ports(rest, grpc)}}
+
+
+def entry_service(isvc: dict) -> dict:
+    """``<isvc>``: the InferenceService's own address, routed to the transformer when there is one."""
+    name = isvc["metadata"]["name"]
+    target = "transformer" if isvc["spec"].get("transformer") else "predictor"
+    rest, grpc = pods.serving_ports(isvc["spec"][target], target)
+    labels = {n.ISVC_LABEL: name, n.MANAGED_BY_LABEL: n.MANAGER}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(isvc, name, labels),
+            "spec": {"selector": n.selector_labels(name, target), "ports": _service_ports(rest, grpc)}}
+
+
+def hpa(isvc: dict, component: str, api_version: str = "autoscaling/v2") -> dict | None:
+    """An HPA when maxReplicas > minReplicas (autoscaling/v2 and v2beta2 share this shape)."""
+    spec = isvc["spec"][component]
+    if not autoscaled(spec):
+        return None
+    name = isvc["metadata"]["name"]
+    low, high = replicas(spec)
+    target = {"type": "Utilization", "averageUtilization": int(spec.get("scaleTarget") or 80)}
+    return {"apiVersion": api_version, "kind": "HorizontalPodAutoscaler",
+            "metadata": _metadata(isvc, n.child_name(name, component), n.child_labels(name, component)),
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                        "name": n.child_name(name, component)},
+                     "minReplicas": low, "maxReplicas": high,
+                     "metrics": [{"type": "Resource", "resource": {
+                         "name": spec.get("scaleMetric") or "cpu", "target": target}}]}}
+
+
+def children(isvc: dict, cfg: Config, hpa_api_version: str = "autoscaling/v2") -> list[dict]:
+    """Every child object the InferenceService should have, in apply order."""
+    isvc = copy.deepcopy(isvc)  # builders never share structure with their input
+    out: list[dict] = []
+    for component in n.present_components(isvc):
+        out += [deployment(isvc, component, cfg), service(isvc, component)]
+        scaler = hpa(isvc, component, hpa_api_version)
+        if scaler:
+            out.append(scaler)
+    out.append(entry_service(isvc))
+    return out
+
+
+def stale(existing: list[dict], desired: list[dict], owner_uid: str) -> list[dict]:
+    """Existing children owned by this InferenceService that are no longer desired."""
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+    return [o for o in existing if (o["kind"], o["metadata"]["name"]) not in wanted
+            and any(ref.get("uid") == owner_uid for ref in o["metadata"].get("ownerReferences") or [])]

@@ -1,0 +1,55 @@
+"""``operator/`` is installed as ``ovserve.operator`` and never shadows the standard library."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(code: str, cwd: Path) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_import_operator_from_the_repo_root_is_the_standard_library() -> None:
+    assert not (ROOT / "operator/__init__.py").exists()
+    where = run("import operator; print(operator.__file__)", ROOT)
+    assert Path(where).parent != ROOT / "operator" and Path(where).name == "operator.py"
+    assert run("import operator; print(operator.itemgetter(1)('ab'))", ROOT) == "b"
+
+
+def test_the_package_imports_from_anywhere(tmp_path: Path) -> None:
+    modules = ["names", "storage_uri", "manifests", "pods", "status", "validation", "apply", "handlers", "main"]
+    out = run("import importlib; print(*[importlib.import_module('ovserve.operator.' + m).__file__ for m in "
+              f"{modules!r}])", tmp_path)
+    assert all(Path(f).parent == ROOT / "operator" for f in out.split())
+
+
+def test_console_script_runs_from_anywhere(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "ovserve-operator"
+    done = subprocess.run([str(exe), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--namespace" in done.stdout and "--peering" in done.stdout
+
+
+def imported(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level}
+    return {name.split(".")[0] for name in names}
+
+
+def test_only_apply_talks_to_the_api() -> None:
+    clients = {"kubernetes", "requests", "urllib3", "aiohttp", "pykube"}
+    talkers = {p.name for p in (ROOT / "operator").glob("*.py") if imported(p) & clients}
+    assert talkers == {"apply.py"}
+
+
+def test_builders_are_free_of_frameworks() -> None:
+    for name in ("names.py", "storage_uri.py", "manifests.py", "pods.py", "status.py", "validation.py"):
+        assert not imported(ROOT / "operator" / name) - {"__future__", "copy", "posixpath", "re", "dataclasses",
+                                                          "urllib", "typing"}, name
