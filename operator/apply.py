@@ -22,7 +22,7 @@ from . import names as n
 from .manifests import stale
 
 FIELD_MANAGER = n.MANAGER
-PLURALS = {"Deployment": "deployments", "Service": "services",
+PLURALS = {"Deployment": "deployments", "Service": "services", "Pod": "pods",
            "HorizontalPodAutoscaler": "horizontalpodautoscalers", n.KIND: n.PLURAL}
 RETRIES = 3
 TIMEOUT = 30
@@ -136,6 +136,14 @@ class Cluster:
         selector = f"{n.ISVC_LABEL}={isvc_name},{n.MANAGED_BY_LABEL}={n.MANAGER}"
         found = self.list("apps/v1", "Deployment", namespace, selector)
         return {d["metadata"]["labels"].get(n.COMPONENT_LABEL, ""): d for d in found}
+
+    def pods(self, namespace: str, isvc_name: str) -> dict[str, list[dict]]:
+        """The pods of our Deployments (they carry the template's labels), by component."""
+        selector = f"{n.ISVC_LABEL}={isvc_name},{n.MANAGED_BY_LABEL}={n.MANAGER}"
+        by_component: dict[str, list[dict]] = {}
+        for pod in self.list("v1", "Pod", namespace, selector):
+            by_component.setdefault(pod["metadata"]["labels"].get(n.COMPONENT_LABEL, ""), []).append(pod)
+        return by_component
 
     def sync(self, isvc: dict, desired: list[dict]) -> None:
         """Make the children match ``desired``: apply each, delete ours that are no longer wanted."""

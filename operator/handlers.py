@@ -50,7 +50,8 @@ def sync_status(cluster: Cluster, namespace: str, name: str, generation: int | N
         if isvc is None or isvc["metadata"].get("deletionTimestamp"):
             return
         sticky = failure or (status.sticky_failure(isvc) if generation is None else None)
-        new = status.compute(isvc, cluster.deployments(namespace, name), _now(), sticky)
+        new = status.compute(isvc, cluster.deployments(namespace, name), _now(), sticky,
+                             cluster.pods(namespace, name))
         if generation is not None:
             new["observedGeneration"] = generation
         if not status.changed(isvc.get("status") or {}, new):
@@ -102,6 +103,12 @@ def child_deployment(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: ob
                 pass  # already reported in the InferenceService's status
             return
     sync_status(memo.cluster, namespace, owner)
+
+
+@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
+def child_pod(body: kopf.Body, memo: kopf.Memo, **_: object) -> None:
+    """A pod of a child Deployment changed (image pull errors, crash loops): refresh the owner's status."""
+    sync_status(memo.cluster, body["metadata"]["namespace"], body["metadata"]["labels"][n.ISVC_LABEL])
 
 
 def _plain(body: kopf.Body) -> dict:

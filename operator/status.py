@@ -2,7 +2,12 @@
 
 Conditions follow KServe: ``PredictorReady``, ``TransformerReady``,
 ``ExplainerReady`` (for the components present) and ``Ready``, each with a
-reason and a message. Only the child Deployments' status drives them.
+reason and a message. The child Deployments' status drives them, and the
+component's pods refine it: a pod whose container cannot start (image pull
+errors, a crash loop, a bad container config, a failed init container) makes
+the component ``False`` with the kubelet's reason at once, instead of after the
+Deployment's progress deadline. A fully rolled-out, available Deployment wins
+over its pods (a stale failing pod cannot flip a healthy component).
 """
 from __future__ import annotations
 
@@ -12,17 +17,70 @@ from .validation import Invalid, check
 INVALID = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 ROLLING_OUT = ("NewReplicaSetCreated", "FoundNewReplicaSet", "ReplicaSetUpdated")
+#: Kubelet reasons for a container waiting that will not fix itself by waiting longer.
+POD_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
+                "CreateContainerConfigError")
 
 
 def _cond(type_: str, status: str, reason: str, message: str) -> dict:
     return {"type": type_, "status": status, "reason": reason, "message": message}
 
 
-def component_condition(component: str, deployment: dict | None) -> dict:
-    """The ``<Component>Ready`` condition read off the component's Deployment."""
+def container_problem(pod: dict) -> tuple[str, str] | None:
+    """(reason, message) when one of the pod's containers cannot start; None otherwise.
+
+    Init containers first (the storage-initializer runs before the server): waiting with
+    a reason in ``POD_FAILURES``, or terminated with a non-zero exit code. Then the main
+    containers: waiting with a reason in ``POD_FAILURES``. Terminating pods have no say.
+    """
+    meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    where = f"pod {meta.get('name', '?')}"
+    for kind, key in (("init container", "initContainerStatuses"), ("container", "containerStatuses")):
+        for cs in st.get(key) or []:
+            state = cs.get("state") or {}
+            waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+            name = f"{where}, {kind} {cs.get('name', '?')}"
+            if waiting.get("reason") in POD_FAILURES:
+                detail = waiting.get("message") or ""
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                if waiting["reason"] == "CrashLoopBackOff" and last:
+                    detail = f"last exit code {last.get('exitCode')}" + \
+                             (f" ({last['reason']})" if last.get("reason") else "") + (f"; {detail}" if detail else "")
+                return waiting["reason"], f"{name}: {waiting['reason']}" + (f": {detail}" if detail else "")
+            if kind == "init container" and terminated and terminated.get("exitCode", 0) != 0:
+                reason = terminated.get("reason") or "Error"
+                detail = f"exited with code {terminated.get('exitCode')}" + \
+                         (f": {terminated['message']}" if terminated.get("message") else "")
+                return reason, f"{name}: {reason}: {detail}"
+    return None
+
+
+def rolled_out(deployment: dict) -> bool:
+    """Available, current generation observed, every replica updated and ready: nothing stale left."""
+    st = deployment.get("status") or {}
+    available = any(c.get("type") == "Available" and c.get("status") == "True" for c in st.get("conditions") or [])
+    want = (deployment.get("spec") or {}).get("replicas", 1)
+    return (available and st.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
+            and (st.get("readyReplicas") or 0) >= want and (st.get("updatedReplicas") or 0) == (st.get("replicas") or 0))
+
+
+def component_condition(component: str, deployment: dict | None, pods: list[dict] | None = None) -> dict:
+    """The ``<Component>Ready`` condition: the Deployment's, unless one of its pods cannot start."""
     type_ = n.CONDITION_TYPES[component]
     if deployment is None:
         return _cond(type_, "Unknown", "DeploymentMissing", f"the {component} Deployment does not exist yet")
+    if not rolled_out(deployment):
+        for pod in sorted(pods or [], key=lambda p: (p.get("metadata") or {}).get("name", "")):
+            problem = container_problem(pod)
+            if problem:
+                return _cond(type_, "False", *problem)
+    return deployment_condition(type_, deployment)
+
+
+def deployment_condition(type_: str, deployment: dict) -> dict:
+    """The condition read off the Deployment alone."""
     name = deployment["metadata"]["name"]
     st = deployment.get("status") or {}
     conds = {c.get("type"): c for c in st.get("conditions") or []}
@@ -77,8 +135,12 @@ def sticky_failure(isvc: dict) -> dict | None:
     return None
 
 
-def compute(isvc: dict, deployments: dict[str, dict], now: str, failure: dict | None = None) -> dict:
-    """The whole status (without observedGeneration, which the reconciler sets)."""
+def compute(isvc: dict, deployments: dict[str, dict], now: str, failure: dict | None = None,
+            pods: dict[str, list[dict]] | None = None) -> dict:
+    """The whole status (without observedGeneration, which the reconciler sets).
+
+    ``deployments`` and ``pods`` are keyed by component (the ``component`` label).
+    """
     meta = isvc["metadata"]
     previous = (isvc.get("status") or {}).get("conditions") or []
     present = n.present_components(isvc)
@@ -89,7 +151,7 @@ def compute(isvc: dict, deployments: dict[str, dict], now: str, failure: dict | 
         check(isvc)
     except Invalid as exc:
         return {"conditions": _stamp([_cond("Ready", "False", INVALID, str(exc))], previous, now)}
-    conditions = [component_condition(c, deployments.get(c)) for c in present]
+    conditions = [component_condition(c, deployments.get(c), (pods or {}).get(c)) for c in present]
     conditions.append(failure or ready_condition(conditions))
     return {"url": address, "address": {"url": address}, "components": components,
             "conditions": _stamp(conditions, previous, now)}

@@ -5,7 +5,8 @@ collection and service-account tokens) runs on 127.0.0.1 for this module; the
 operator runs as users start it, ``ovserve-operator`` with a kubeconfig, under
 a ServiceAccount bound to the ClusterRole in ``operator/rbac.yaml``. No kubelet
 runs, so the tests play the deployment controller: they patch each child
-Deployment's ``status`` and watch the InferenceService's conditions follow.
+Deployment's ``status`` (and, for pod problems, create a pod and patch its
+``status`` as a kubelet would) and watch the InferenceService's conditions follow.
 """
 from __future__ import annotations
 
@@ -163,6 +164,69 @@ def test_failed_rollout_shows_the_childs_reason(kube: Kube, operator: Operator, 
     assert ready["message"].startswith("PredictorReady: ")
 
 
+def pod_path(ns: str, name: str = "", sub: str = "") -> str:
+    return "/".join(p for p in (f"/api/v1/namespaces/{ns}/pods", name, sub) if p)
+
+
+def container(name: str, **state: dict) -> dict:
+    ready = "running" in state
+    return {"name": name, "image": IMAGE, "imageID": "", "ready": ready, "restartCount": 0, "state": state}
+
+
+def test_image_pull_errors_show_at_once(kube: Kube, operator: Operator, ns: str) -> None:
+    """No kubelet here: the test creates the pod a ReplicaSet would and reports what a kubelet would."""
+    kube.create(isvc_path(ns), example("predictor", ns))
+    dep = eventually(lambda: kube.get(deploy_path(ns, "resnet-predictor")), what="Deployment")
+    template = dep["spec"]["template"]
+    name = "resnet-predictor-5f7d8c9b6-x2x7k"
+    kube.create(pod_path(ns), {"metadata": {"name": name, "labels": {**template["metadata"]["labels"],
+                                                                      "pod-template-hash": "5f7d8c9b6"}},
+                               "spec": template["spec"]})
+    wait_condition(kube, ns, "resnet", "Ready", "Unknown")
+    pulling = f'Back-off pulling image "{IMAGE}"'
+    started = time.monotonic()
+    kube.patch(pod_path(ns, name, "status"), {"status": {
+        "phase": "Pending",
+        "initContainerStatuses": [container("storage-initializer", terminated={"exitCode": 0, "reason": "Completed"})],
+        "containerStatuses": [container("kserve-container", waiting={"reason": "ImagePullBackOff", "message": pulling})]}})
+    cond = wait_condition(kube, ns, "resnet", "PredictorReady", "False", "ImagePullBackOff", timeout=10)
+    assert time.monotonic() - started < 10, "a pod's problem should reach the InferenceService within seconds"
+    assert cond["message"] == f"pod {name}, container kserve-container: ImagePullBackOff: {pulling}"
+    ready = wait_condition(kube, ns, "resnet", "Ready", "False", "ImagePullBackOff")
+    assert ready["message"] == f"PredictorReady: {cond['message']}"
+
+    # the storage-initializer failing is reported the same way
+    kube.patch(pod_path(ns, name, "status"), {"status": {
+        "initContainerStatuses": [container("storage-initializer", terminated={
+            "exitCode": 1, "reason": "Error", "message": "404 Not Found"})],
+        "containerStatuses": [container("kserve-container", waiting={"reason": "PodInitializing"})]}})
+    cond = wait_condition(kube, ns, "resnet", "PredictorReady", "False", "Error", timeout=10)
+    assert cond["message"] == f"pod {name}, init container storage-initializer: Error: exited with code 1: 404 Not Found"
+
+    # the image pulls: back to what the Deployment says, then Ready when it reports availability
+    kube.patch(pod_path(ns, name, "status"), {"status": {
+        "phase": "Running",
+        "initContainerStatuses": [container("storage-initializer", terminated={"exitCode": 0, "reason": "Completed"})],
+        "containerStatuses": [container("kserve-container", running={"startedAt": "2026-01-01T00:00:00Z"})]}})
+    wait_condition(kube, ns, "resnet", "PredictorReady", "Unknown", timeout=10)
+    roll_out(kube, ns, "resnet-predictor")
+    wait_condition(kube, ns, "resnet", "Ready", "True")
+
+    # a healthy, fully rolled-out Deployment wins over a stale failing pod ...
+    kube.patch(pod_path(ns, name, "status"), {"status": {
+        "phase": "Pending",
+        "containerStatuses": [container("kserve-container", waiting={"reason": "ErrImagePull", "message": "denied"})]}})
+    time.sleep(2)
+    assert conditions(kube, ns, "resnet")["PredictorReady"]["status"] == "True"
+    # ... but not a rollout whose new pod cannot pull
+    kube.patch(deploy_path(ns, "resnet-predictor", "status"), {"status": {"replicas": 2, "updatedReplicas": 1}})
+    wait_condition(kube, ns, "resnet", "PredictorReady", "False", "ErrImagePull", timeout=10)
+    # the failing pod goes: recovery from its deletion event alone
+    kube.delete(pod_path(ns, name))
+    wait_condition(kube, ns, "resnet", "PredictorReady", "True", "MinimumReplicasAvailable", timeout=10)
+    wait_condition(kube, ns, "resnet", "Ready", "True")
+
+
 def test_invalid_specs_are_refused_with_a_condition(kube: Kube, operator: Operator, ns: str) -> None:
     bad_format = example("predictor", ns)
     bad_format["metadata"]["name"] = "wrong-format"
@@ -295,7 +359,9 @@ def test_role_grants_what_the_operator_needs_and_no_more(kube: Kube, operator: O
     assert allowed("watch", "serving.kserve.io", "inferenceservices")
     assert not allowed("get", "", "secrets")
     assert not allowed("delete", "serving.kserve.io", "inferenceservices")
-    assert not allowed("create", "", "pods")
+    for verb in ("get", "list", "watch"):
+        assert allowed(verb, "", "pods"), verb
+    assert not allowed("create", "", "pods") and not allowed("patch", "", "pods")
 
 
 def test_a_missing_permission_fails_and_namespace_restricts(kube: Kube, cluster: ControlPlane, operator: Operator,

@@ -55,6 +55,119 @@ def test_failure_message_is_the_childs() -> None:
     assert status.component_condition("predictor", dep)["message"] == "Progressing says ProgressDeadlineExceeded"
 
 
+def pod(name: str = "resnet-predictor-7d9-abc", init: list[dict] | None = None, main: list[dict] | None = None,
+        terminating: bool = False) -> dict:
+    meta = {"name": name, "labels": {"component": "predictor"}}
+    if terminating:
+        meta["deletionTimestamp"] = NOW
+    return {"metadata": meta, "status": {"initContainerStatuses": init or [], "containerStatuses": main or []}}
+
+
+def waiting(reason: str, message: str = "", name: str = "kserve-container", **extra: object) -> dict:
+    return {"name": name, "state": {"waiting": {"reason": reason, "message": message}}, **extra}
+
+
+def running(name: str = "kserve-container") -> dict:
+    return {"name": name, "state": {"running": {"startedAt": NOW}}, "ready": True}
+
+
+def exited(code: int, reason: str = "Error", name: str = "storage-initializer", message: str = "") -> dict:
+    term = {"exitCode": code, "reason": reason, **({"message": message} if message else {})}
+    return {"name": name, "state": {"terminated": term}}
+
+
+PULL_MSG = 'Back-off pulling image "registry.example.com/ovserve:nope"'
+# (pod, expected (reason, words in the message) or None)
+POD_CASES = [
+    (pod(main=[waiting("ImagePullBackOff", PULL_MSG)]),
+     ("ImagePullBackOff", ["pod resnet-predictor-7d9-abc", "container kserve-container", PULL_MSG])),
+    (pod(main=[waiting("ErrImagePull", "manifest unknown")]), ("ErrImagePull", ["manifest unknown"])),
+    (pod(main=[waiting("InvalidImageName", 'couldn\'t parse image reference "A:"')]), ("InvalidImageName", ["parse image"])),
+    (pod(main=[waiting("CreateContainerConfigError", 'secret "creds" not found')]),
+     ("CreateContainerConfigError", ['secret "creds" not found'])),
+    (pod(main=[waiting("CrashLoopBackOff", "back-off 40s restarting failed container",
+                       lastState={"terminated": {"exitCode": 3, "reason": "Error"}})]),
+     ("CrashLoopBackOff", ["last exit code 3 (Error)", "back-off 40s"])),
+    (pod(init=[waiting("ImagePullBackOff", PULL_MSG, name="storage-initializer")], main=[waiting("PodInitializing")]),
+     ("ImagePullBackOff", ["init container storage-initializer", PULL_MSG])),
+    (pod(init=[exited(1, message="404 Not Found: https://models.example.com/resnet.tar.gz")], main=[waiting("PodInitializing")]),
+     ("Error", ["init container storage-initializer", "exited with code 1", "404 Not Found"])),
+    (pod(init=[exited(0, reason="Completed")], main=[running()]), None),
+    (pod(init=[running("storage-initializer")], main=[waiting("PodInitializing")]), None),
+    (pod(main=[waiting("ContainerCreating")]), None),
+    (pod(main=[running()]), None),
+    (pod(), None),  # Pending, not scheduled: no container statuses yet
+    (pod(main=[waiting("ImagePullBackOff", PULL_MSG)], terminating=True), None),
+]
+
+
+@pytest.mark.parametrize("p,want", POD_CASES, ids=range(len(POD_CASES)))
+def test_container_problem(p: dict, want: tuple[str, list[str]] | None) -> None:
+    got = status.container_problem(p)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None and got[0] == want[0]
+    for words in want[1]:
+        assert words in got[1]
+
+
+PULLING = pod(main=[waiting("ImagePullBackOff", PULL_MSG)])
+HEALTHY = dict(ready=1, Available=AVAILABLE, Progressing=("True", "NewReplicaSetAvailable", ""))
+
+
+def rolled(dep: dict, replicas: int, updated: int) -> dict:
+    dep["status"].update(replicas=replicas, updatedReplicas=updated)
+    return dep
+
+
+# (deployment, pods, expected status, expected reason)
+FOLD_CASES = [
+    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("True", "ReplicaSetUpdated", "")), [PULLING],
+     "False", "ImagePullBackOff"),
+    (deployment(ready=0), [PULLING], "False", "ImagePullBackOff"),  # before the controller reports anything
+    (deployment(generation=2, observed=1, ready=1, Available=AVAILABLE), [PULLING], "False", "ImagePullBackOff"),
+    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("False", "ProgressDeadlineExceeded", "")), [PULLING],
+     "False", "ImagePullBackOff"),  # the cause, not the symptom
+    # a rollout: the old pod serves, the new one cannot pull
+    (rolled(deployment(**HEALTHY), replicas=2, updated=1), [PULLING, pod("resnet-predictor-old", main=[running()])],
+     "False", "ImagePullBackOff"),
+    # healthy and fully rolled out: a stale failing pod does not flip it
+    (rolled(deployment(**HEALTHY), replicas=1, updated=1), [PULLING], "True", "MinimumReplicasAvailable"),
+    (deployment(**HEALTHY), [PULLING], "True", "MinimumReplicasAvailable"),
+    # terminating pods and healthy pods change nothing
+    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("True", "ReplicaSetUpdated", "")),
+     [pod(main=[waiting("ImagePullBackOff")], terminating=True), pod("b", main=[waiting("ContainerCreating")])],
+     "Unknown", "MinimumReplicasUnavailable"),
+    (None, [PULLING], "Unknown", "DeploymentMissing"),
+]
+
+
+@pytest.mark.parametrize("dep,pods,want_status,want_reason", FOLD_CASES, ids=range(len(FOLD_CASES)))
+def test_pod_problems_fold_into_the_component(dep: dict | None, pods: list[dict], want_status: str,
+                                              want_reason: str) -> None:
+    cond = status.component_condition("predictor", dep, pods)
+    assert (cond["type"], cond["status"], cond["reason"]) == ("PredictorReady", want_status, want_reason)
+
+
+def test_the_first_failing_pod_by_name_is_reported() -> None:
+    pods = [pod("z", main=[waiting("CrashLoopBackOff", "back-off")]), pod("a", main=[waiting("ErrImagePull", "denied")])]
+    cond = status.component_condition("predictor", deployment(ready=0), pods)
+    assert (cond["reason"], cond["message"]) == ("ErrImagePull", "pod a, container kserve-container: ErrImagePull: denied")
+
+
+def test_pod_problem_reaches_ready() -> None:
+    isvc = load("transformer")
+    ok = deployment(ready=1, Available=AVAILABLE)
+    st = status.compute(isvc, {"predictor": ok, "transformer": deployment(ready=0)}, NOW,
+                        pods={"transformer": [pod("classifier-transformer-1", main=[waiting("ImagePullBackOff", PULL_MSG)])],
+                              "predictor": [PULLING]})
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert (conds["PredictorReady"]["status"], conds["TransformerReady"]["status"]) == ("True", "False")
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "ImagePullBackOff")
+    assert conds["Ready"]["message"].startswith("TransformerReady: pod classifier-transformer-1, container ")
+
+
 def test_full_status_with_transformer() -> None:
     isvc = load("transformer")
     ok = deployment(ready=1, Available=AVAILABLE)
