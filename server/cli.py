@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     ops = serve.add_argument_group("operation")
     _add(ops, "--log-level", str, d.log_level, "debug, info, warning or error",
          choices=["debug", "info", "warning", "error"])
+    _add(ops, "--event-loop", str, d.event_loop, "event loop: uvloop or asyncio", choices=["uvloop", "asyncio"])
     _add(ops, "--poll-interval", float, d.poll_interval, "seconds between checks of the config file and version folders; 0 disables")
     _add(ops, "--grace-period", float, d.grace_period, "seconds in-flight requests get to finish on SIGTERM")
     one = serve.add_argument_group(
@@ -117,12 +118,15 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def _run(coro: Any) -> int:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+def _run(coro: Any, loop: str = "uvloop") -> int:
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+            pass
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(settings.log_level)
     from .app import serve  # heavy imports only when serving
 
-    code = _run(serve(settings))
+    code = _run(serve(settings), settings.event_loop)
     # A model load stuck in a worker thread must not keep the process alive.
     logging.shutdown()
     sys.stdout.flush()
