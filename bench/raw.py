@@ -1,0 +1,108 @@
+"""Raw in-process OpenVINO: the physical limit every server row is compared with.
+
+- ``raw-sync``: ``concurrency`` threads, each with its own infer request,
+  calling ``infer`` in a loop (at concurrency 1: the classic sync loop).
+- ``raw-async``: ``concurrency`` asynchronous infer requests kept busy (the
+  way ``AsyncInferQueue`` does it, with the clock started only once a request
+  is free); a latency runs from ``start_async`` to the completion callback.
+
+The model is compiled with the same properties the servers get.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+import openvino as ov
+
+from .loadgen import Case, Recorder, Stats, check_output, signal_line
+from .specs import ModelSpec
+
+
+def _compile(case: Case) -> ov.CompiledModel:
+    return ov.Core().compile_model(case.model_path, "CPU", dict(case.plugin_config))
+
+
+def _window(case: Case, rec: Recorder, stop: threading.Event) -> tuple[float, float]:
+    """Warm-up, then the measured window; returns (elapsed, process CPU seconds)."""
+    time.sleep(case.warmup)
+    rec.recording = True
+    signal_line("START")
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    deadline = t0 + case.duration
+    while time.perf_counter() < deadline and not rec.full:
+        time.sleep(min(0.05, max(deadline - time.perf_counter(), 0)))
+    rec.recording = False
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    signal_line("STOP")
+    stop.set()
+    return elapsed, cpu
+
+
+def run_sync(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorder) -> Stats:
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def loop() -> None:
+        req = compiled.create_infer_request()
+        clock = time.perf_counter_ns
+        while not stop.is_set():
+            t0 = clock()
+            req.infer({0: x}, share_inputs=True)
+            ns = clock() - t0
+            with lock:
+                rec.ok(ns)
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(case.concurrency)]
+    for t in threads:
+        t.start()
+    elapsed, cpu = _window(case, rec, stop)
+    for t in threads:
+        t.join(case.timeout)
+    return rec.stats(elapsed, cpu)
+
+
+def run_async(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorder) -> Stats:
+    stop = threading.Event()
+    idle: "queue.Queue[ov.InferRequest]" = queue.Queue()
+    clock = time.perf_counter_ns
+    started: dict[int, int] = {}
+
+    def done(index: int) -> None:  # on an OpenVINO thread, with the GIL: no lock needed
+        rec.ok(clock() - started[index])
+        idle.put(requests[index])
+
+    requests = [compiled.create_infer_request() for _ in range(case.concurrency)]
+    for i, req in enumerate(requests):
+        req.set_callback(done, i)
+        idle.put(req)
+    index = {id(r): i for i, r in enumerate(requests)}
+
+    def feed() -> None:
+        while not stop.is_set():
+            try:
+                req = idle.get(timeout=case.timeout)  # a free request: the clock starts when it does
+            except queue.Empty:
+                return
+            started[index[id(req)]] = clock()
+            req.start_async({0: x}, share_inputs=True)
+        for req in requests:
+            req.wait()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    elapsed, cpu = _window(case, rec, stop)
+    feeder.join(case.timeout)
+    return rec.stats(elapsed, cpu)
+
+
+def run(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
+    compiled = _compile(case)
+    y = compiled.create_infer_request().infer({0: x})[0]
+    problem = check_output(spec, x, np.asarray(y))
+    if problem:
+        return Stats(errors=1, first_error=f"first answer: {problem}")
+    rec = Recorder(case.max_requests)
+    return (run_sync if case.kind == "raw-sync" else run_async)(case, compiled, x, rec)

@@ -1,0 +1,238 @@
+"""The results: one table, the ratios, the issue's targets, and where they are written.
+
+``bench/results/`` gets a CSV of every row (``<stamp>.csv``, gitignored) and
+``latest.md``; ``docs/performance.md`` gets a dated section (newest first).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import platform
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .measure import Row
+
+PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
+SERVERS = ("raw", "ovserve", "kserve")
+DOC_MARKER = "<!-- bench runs below, newest first -->"
+NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
+
+
+@dataclass
+class Run:
+    rows: list[Row]
+    idle_rss_mib: dict[str, float]  # server -> RSS with every model loaded, before any request
+    models: list[str]
+    command: str
+    started: datetime
+    versions: dict[str, str]
+    duration: float
+    background_pct: float = 0.0  # busy CPU of other processes just before the run
+    idle_all_mib: dict[str, float] | None = None  # server -> RSS with every benchmarked model loaded
+
+
+def _find(rows: list[Row], model: str, server: str, protocol: str, c: int) -> Row | None:
+    for r in rows:
+        if (r.model, r.server, r.protocol, r.concurrency) == (model, server, protocol, c) and r.count:
+            return r
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def _per_s(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}/s"
+
+
+def sort_rows(rows: list[Row]) -> list[Row]:
+    return sorted(rows, key=lambda r: (r.model, SERVERS.index(r.server), PROTOCOLS.index(r.protocol), r.concurrency))
+
+
+# -- the table ------------------------------------------------------------------
+HEADER = ["model", "server", "protocol", "conc", "infer/s", "p50 ms", "p99 ms", "errors",
+          "server CPU %", "server RSS MiB", "client CPU %", "other CPU %", "x raw async", "x kserve"]
+
+
+def table_rows(rows: list[Row]) -> list[list[str]]:
+    out = []
+    for r in sort_rows(rows):
+        raw = _find(rows, r.model, "raw", "async", r.concurrency)
+        peer = _find(rows, r.model, "kserve", r.protocol, r.concurrency)
+        x_raw = _ratio(r.throughput, raw.throughput if raw else None) if r.server != "raw" else None
+        x_peer = _ratio(r.throughput, peer.throughput if peer else None) if r.server == "ovserve" else None
+        out.append([r.model, r.server, r.protocol, str(r.concurrency), f"{r.throughput:.0f}", f"{r.p50_ms:.2f}",
+                    f"{r.p99_ms:.2f}", str(r.errors), f"{r.server_cpu_pct:.0f}", f"{r.server_rss_mib:.0f}",
+                    "-" if r.client_cpu_pct is None else f"{r.client_cpu_pct:.0f}", f"{r.other_cpu_pct:.0f}" + (" !" if r.other_cpu_pct > NOISY_PCT else ""),
+                    "" if x_raw is None else f"{x_raw:.2f}", "" if x_peer is None else f"{x_peer:.2f}"])
+    return out
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def text_table(header: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    fmt = lambda cells: "  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in body)])
+
+
+# -- the issue's targets ---------------------------------------------------------------
+@dataclass
+class Target:
+    case: str
+    measured: str
+    goal: str
+    value: float | None  # the ratio (or difference) compared with the goal
+    met: bool | None  # None: not measured in this run
+
+
+def targets(run: Run) -> list[Target]:
+    rows, out = run.rows, []
+
+    def tput(model: str, server: str, protocol: str, c: int) -> float | None:
+        r = _find(rows, model, server, protocol, c)
+        return r.throughput if r else None
+
+    def ratio_target(case: str, a: float | None, b: float | None, goal: float, against: str) -> None:
+        v = _ratio(a, b)
+        out.append(Target(case, f"{_per_s(a)} vs {_per_s(b)} {against}", f">= {goal} x", v,
+                          None if v is None else v >= goal))
+
+    ratio_target("resnetish gRPC c4 / raw async c4", tput("resnetish", "ovserve", "grpc", 4),
+                 tput("resnetish", "raw", "async", 4), 0.85, "raw async")
+    ratio_target("resnetish REST binary c4 / ovserve gRPC c4", tput("resnetish", "ovserve", "rest-binary", 4),
+                 tput("resnetish", "ovserve", "grpc", 4), 0.8, "ovserve gRPC")
+    ratio_target("resnetish REST JSON c4 / kserve", tput("resnetish", "ovserve", "rest-json", 4),
+                 tput("resnetish", "kserve", "rest-json", 4), 4, "kserve")
+    for protocol, label in (("grpc", "gRPC"), ("rest-json", "REST JSON")):
+        for c in (4, 16):
+            ratio_target(f"add {label} c{c} / kserve", tput("add", "ovserve", protocol, c),
+                         tput("add", "kserve", protocol, c), 3, "kserve")
+    for model in run.models:
+        for protocol in ("grpc", "rest-json", "rest-binary"):
+            ours, peer = _find(rows, model, "ovserve", protocol, 16), _find(rows, model, "kserve", protocol, 16)
+            if ours is None and peer is None:
+                continue
+            a, b = (ours.p99_ms if ours else None), (peer.p99_ms if peer else None)
+            v = _ratio(a, b)
+            out.append(Target(f"p99 c16 {model} {protocol} / kserve", f"{_fmt(a)} ms vs {_fmt(b)} ms",
+                              "<= 0.5 x", v, None if v is None else v <= 0.5))
+    a, b = run.idle_rss_mib.get("ovserve"), run.idle_rss_mib.get("kserve")
+    v = _ratio(a, b)
+    out.append(Target("idle RSS / kserve", f"{_fmt(a, 0)} MiB vs {_fmt(b, 0)} MiB", "<= 0.6 x", v,
+                      None if v is None else v <= 0.6))
+    ours, raw = _find(rows, "resnetish", "ovserve", "grpc", 1), _find(rows, "resnetish", "raw", "sync", 1)
+    diff = ours.p50_ms - raw.p50_ms if ours and raw else None
+    out.append(Target("resnetish gRPC c1 p50 - raw sync p50",
+                      f"{_fmt(ours.p50_ms if ours else None)} ms vs {_fmt(raw.p50_ms if raw else None)} ms",
+                      "<= +1 ms", diff, None if diff is None else diff <= 1.0))
+    return out
+
+
+def targets_table(ts: list[Target]) -> tuple[list[str], list[list[str]]]:
+    header = ["target", "measured", "goal", "ratio", "met"]
+    body = [[t.case, t.measured, t.goal, _fmt(t.value) + (" ms" if "+1 ms" in t.goal and t.value is not None else ""),
+             {True: "yes", False: "**no**", None: "n/a"}[t.met]] for t in ts]
+    return header, body
+
+
+# -- the machine -------------------------------------------------------------------------
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 2**20:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": mem, "os": platform.platform(),
+            "python": platform.python_version()}
+
+
+# -- writing -----------------------------------------------------------------------------------
+def render(run: Run, markdown: bool) -> str:
+    header, body = HEADER, table_rows(run.rows)
+    t_header, t_body = targets_table(targets(run))
+    table = markdown_table if markdown else text_table
+    idle = ", ".join(f"{k} {v:.0f} MiB" for k, v in run.idle_rss_mib.items()) or "n/a"
+    idle_all = ", ".join(f"{k} {v:.0f} MiB" for k, v in (run.idle_all_mib or {}).items()) or "n/a"
+    parts = [
+        table(header, body),
+        "",
+        f"Idle RSS before any request, add and resnetish loaded: {idle}; "
+        f"{', '.join(run.models)} loaded: {idle_all}.",
+        *([f"`!`: other processes took more than {NOISY_PCT}% of a core during the case (after reruns); "
+           "its numbers are not to be trusted."] if any(r.other_cpu_pct > NOISY_PCT for r in run.rows) else []),
+        "",
+        "Targets (issue 4):" if not markdown else "Targets (issue 4):\n",
+        table(t_header, t_body),
+    ]
+    return "\n".join(parts)
+
+
+def write_csv(run: Run, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = run.started.isoformat(timespec="seconds")
+    with open(path, "w", newline="") as f:
+        rows = [r.as_dict() for r in sort_rows(run.rows)]
+        fields = ["started", *rows[0].keys()] if rows else ["started"]
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({"started": stamp, **r})
+
+
+def section(run: Run) -> str:
+    m = machine()
+    versions = ", ".join(f"{k} {v}" for k, v in run.versions.items())
+    return "\n".join([
+        f"## {run.started.strftime('%Y-%m-%d %H:%M UTC')}",
+        "",
+        f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}; Python {m['python']}",
+        f"- software: {versions}",
+        f"- command: `{run.command}` ({run.duration:g} s per case, closed loop, batch 1, 127.0.0.1)",
+        f"- other processes' CPU just before the run: {run.background_pct:.0f}% of a core "
+        "(per case: the 'other CPU %' column)",
+        "",
+        render(run, markdown=True),
+        "",
+    ])
+
+
+def write_outputs(run: Run, out_dir: Path, docs: Path | None) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = run.started.strftime("%Y%m%d-%H%M%S")
+    csv_path, md_path = out_dir / f"{stamp}.csv", out_dir / "latest.md"
+    write_csv(run, csv_path)
+    md_path.write_text("# ovserve benchmark, latest run\n\n" + section(run))
+    written = [csv_path, md_path]
+    if docs is not None:
+        text = docs.read_text() if docs.exists() else ""
+        if DOC_MARKER not in text:
+            text = text.rstrip() + ("\n\n" if text.strip() else "") + DOC_MARKER + "\n"
+        head, _, tail = text.partition(DOC_MARKER)
+        docs.write_text(head + DOC_MARKER + "\n\n" + section(run) + tail.lstrip("\n"))
+        written.append(docs)
+    return written
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
