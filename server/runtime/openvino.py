@@ -228,7 +228,6 @@ class OpenVINOModel:
         self.options = options
         self.inputs: list[PortInfo] = []
         self.outputs: list[PortInfo] = []
-        self.platform = "openvino"
         self._compiled: ov.CompiledModel | None = None
         self._idle: asyncio.Queue[_Slot] | None = None
         self.nireq = 0
@@ -252,7 +251,6 @@ class OpenVINOModel:
             compiled = core().compile_model(model, opts.device, config)
         except Exception as exc:
             raise FailedPrecondition(f"cannot compile for {opts.device}: {_first_line(exc)}") from None
-        self.platform = "onnx" if self.path.suffix == ".onnx" else "openvino"
         self.inputs = [self._port(p, i, "input") for i, p in enumerate(compiled.inputs)]
         self.outputs = [self._port(p, i, "output") for i, p in enumerate(compiled.outputs)]
         optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
