@@ -9,7 +9,6 @@ its "listening on host:PORT" log lines.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,8 +22,9 @@ from pathlib import Path
 
 import psutil
 
+from ovserve.server.ports import BoundPorts
+
 HOST = "127.0.0.1"
-PORT_LINE = re.compile(r"(REST|gRPC) \(KServe [^)]*\) listening on \S+:(\d+)")
 
 
 def _die_with_parent() -> None:
@@ -80,15 +80,12 @@ class ServerProcess:
                  rest_port: int = 0, grpc_port: int = 0, cwd: Path | None = None) -> None:
         self.name = name
         self.cmd = cmd
-        self.rest_port, self.grpc_port = rest_port, grpc_port
+        self.ports = BoundPorts(rest_port, grpc_port)
         self.lines: deque[str] = deque(maxlen=400)
-        self._ports = threading.Event()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
                                      preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.ps = psutil.Process(self.proc.pid)
-        if rest_port and grpc_port:
-            self._ports.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -96,14 +93,15 @@ class ServerProcess:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
-            m = PORT_LINE.search(line)
-            if m and not self._ports.is_set():
-                if m.group(1) == "REST":
-                    self.rest_port = int(m.group(2))
-                else:
-                    self.grpc_port = int(m.group(2))
-                if self.rest_port and self.grpc_port:
-                    self._ports.set()
+            self.ports.feed(line)
+
+    @property
+    def rest_port(self) -> int:
+        return self.ports.rest
+
+    @property
+    def grpc_port(self) -> int:
+        return self.ports.grpc
 
     @property
     def log(self) -> str:
@@ -115,7 +113,7 @@ class ServerProcess:
 
     def wait_ready(self, models: list[str], timeout: float = 180) -> "ServerProcess":
         deadline = time.monotonic() + timeout
-        while not self._ports.wait(0.1):
+        while not self.ports.known.wait(0.1):
             self._check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} did not report its ports:\n{self.log}")

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import uvicorn
 
+from . import ports
 from .codecs import images
 from .config import Settings
 from .dataplane import DataPlane
@@ -103,8 +104,8 @@ class Server:
                 raise RuntimeError("REST server stopped during start-up")
             await asyncio.sleep(0.01)
         self.dataplane.live = True
-        log.info("REST (KServe V1/V2) listening on %s:%d", s.host, self.rest_port)
-        log.info("gRPC (KServe V2) listening on %s:%d", s.host, self.grpc_port)
+        log.info(ports.LISTENING, ports.REST, s.host, self.rest_port)
+        log.info(ports.LISTENING, ports.GRPC, s.host, self.grpc_port)
         log.info("loading models from %s", self.manager.source.describe())
         await self.manager.start()
         await self.grpc.set_serving()

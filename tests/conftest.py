@@ -19,13 +19,13 @@ from typing import Iterator
 import pytest
 import requests
 
+from ovserve.server.ports import BoundPorts
+
 from . import models
 
 #: Full FP32 precision, so that expected values computed with numpy match
 #: closely (the CPU plugin may otherwise run FP32 models in BF16).
 EXACT = ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}']
-
-PORT_LINE = re.compile(r"(REST|gRPC) \(KServe [^)]*\) listening on \S+:(\d+)")
 
 
 class ServerProcess:
@@ -38,9 +38,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      env=full_env, cwd=cwd, text=True)
         self.lines: list[str] = []
-        self.rest_port = 0
-        self.grpc_port = 0
-        self._ports = threading.Event()
+        self.ports = BoundPorts()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -48,14 +46,15 @@ class ServerProcess:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
-            m = PORT_LINE.search(line)
-            if m:
-                if m.group(1) == "REST":
-                    self.rest_port = int(m.group(2))
-                else:
-                    self.grpc_port = int(m.group(2))
-                if self.rest_port and self.grpc_port:
-                    self._ports.set()
+            self.ports.feed(line)
+
+    @property
+    def rest_port(self) -> int:
+        return self.ports.rest
+
+    @property
+    def grpc_port(self) -> int:
+        return self.ports.grpc
 
     @property
     def log(self) -> str:
@@ -71,7 +70,7 @@ class ServerProcess:
 
     def wait_ports(self, timeout: float = 60) -> "ServerProcess":
         deadline = time.monotonic() + timeout
-        while not self._ports.wait(0.05):
+        while not self.ports.known.wait(0.05):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
             if time.monotonic() > deadline:
