@@ -13,16 +13,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from pathlib import Path
 
 import psutil
 
-from ovserve.server.ports import BoundPorts
+from ovserve.server.ports import BoundPorts, ServerLog
 
 HOST = "127.0.0.1"
 
@@ -80,32 +78,24 @@ class ServerProcess:
                  rest_port: int = 0, grpc_port: int = 0, cwd: Path | None = None) -> None:
         self.name = name
         self.cmd = cmd
-        self.ports = BoundPorts(rest_port, grpc_port)
-        self.lines: deque[str] = deque(maxlen=400)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
                                      preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.ps = psutil.Process(self.proc.pid)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
         assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            self.ports.feed(line)
+        self.output = ServerLog(self.proc.stderr, BoundPorts(rest_port, grpc_port), keep=400)
 
     @property
     def rest_port(self) -> int:
-        return self.ports.rest
+        return self.output.ports.rest
 
     @property
     def grpc_port(self) -> int:
-        return self.ports.grpc
+        return self.output.ports.grpc
 
     @property
     def log(self) -> str:
-        return "".join(self.lines)
+        return self.output.text
 
     def _check_alive(self) -> None:
         if self.proc.poll() is not None:
@@ -113,7 +103,7 @@ class ServerProcess:
 
     def wait_ready(self, models: list[str], timeout: float = 180) -> "ServerProcess":
         deadline = time.monotonic() + timeout
-        while not self.ports.known.wait(0.1):
+        while not self.output.ports.known.wait(0.1):
             self._check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} did not report its ports:\n{self.log}")
@@ -147,7 +137,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        self._reader.join(5)
+        self.output.join(5)
 
     def __enter__(self) -> "ServerProcess":
         return self

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import deque
+from typing import IO
 
 REST = "REST (KServe V1/V2)"
 GRPC = "gRPC (KServe V2)"
@@ -38,3 +40,29 @@ class BoundPorts:
             self.grpc = int(m.group(2))
         if self.rest and self.grpc:
             self.known.set()
+
+
+class ServerLog:
+    """A child server's log stream, read on a thread: keeps the lines, learns the ports.
+
+    ``keep`` bounds how many lines are kept (None: all of them).
+    """
+
+    def __init__(self, stream: IO[str], ports: BoundPorts | None = None, keep: int | None = None) -> None:
+        self.ports = ports or BoundPorts()
+        self.lines: list[str] | deque[str] = [] if keep is None else deque(maxlen=keep)
+        self._stream = stream
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self._stream:
+            self.lines.append(line)
+            self.ports.feed(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(list(self.lines))
+
+    def join(self, timeout: float) -> None:
+        self._reader.join(timeout)

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -19,7 +18,7 @@ from typing import Iterator
 import pytest
 import requests
 
-from ovserve.server.ports import BoundPorts
+from ovserve.server.ports import ServerLog
 
 from . import models
 
@@ -37,28 +36,24 @@ class ServerProcess:
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      env=full_env, cwd=cwd, text=True)
-        self.lines: list[str] = []
-        self.ports = BoundPorts()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
         assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            self.ports.feed(line)
+        self.output = ServerLog(self.proc.stderr)
 
     @property
     def rest_port(self) -> int:
-        return self.ports.rest
+        return self.output.ports.rest
 
     @property
     def grpc_port(self) -> int:
-        return self.ports.grpc
+        return self.output.ports.grpc
+
+    @property
+    def lines(self) -> list[str]:
+        return self.output.lines  # type: ignore[return-value]
 
     @property
     def log(self) -> str:
-        return "".join(self.lines)
+        return self.output.text
 
     @property
     def url(self) -> str:
@@ -70,7 +65,7 @@ class ServerProcess:
 
     def wait_ports(self, timeout: float = 60) -> "ServerProcess":
         deadline = time.monotonic() + timeout
-        while not self.ports.known.wait(0.05):
+        while not self.output.ports.known.wait(0.05):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
             if time.monotonic() > deadline:
@@ -95,7 +90,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         rx = re.compile(pattern)
         while time.monotonic() < deadline:
-            for line in list(self.lines):
+            for line in list(self.output.lines):
                 if rx.search(line):
                     return line
             time.sleep(0.05)
@@ -109,7 +104,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._reader.join(5)
+        self.output.join(5)
         return self.proc.returncode
 
 
