@@ -47,6 +47,8 @@ def make_source(settings: Settings) -> Source:
         batch_size=settings.batch_size,
         nireq=settings.nireq,
         plugin_config=dict(settings.plugin_config),
+        max_batch_size=settings.max_batch_size,
+        max_queue_delay_us=settings.max_queue_delay_us,
     )
     mode = settings.mode()
     if mode == "config":

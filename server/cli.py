@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(one, "--shape", str, None, "input shape, e.g. '(1,3,224,224)' or '{\"x\": \"(-1,16)\"}'")
     _add(one, "--layout", str, None, "input layout, e.g. NHWC or NHWC:NCHW")
     _add(one, "--batch-size", str, None, "batch size to reshape the model to")
+    _add(one, "--max-batch-size", int, d.max_batch_size,
+         "dynamic batching: join concurrent requests into batches of up to N rows (0 = off; needs a dynamic batch dimension)")
+    _add(one, "--max-queue-delay-us", int, d.max_queue_delay_us,
+         "dynamic batching: microseconds a request may wait for others to join its batch")
     _add(one, "--plugin-config", _json_object, {}, "OpenVINO properties as a JSON object, e.g. '{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'")
     parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")

@@ -48,6 +48,9 @@ class Settings:
     layout: str | None = None
     batch_size: str | None = None
     plugin_config: dict[str, Any] = field(default_factory=dict)
+    #: Model defaults: dynamic batching (0 = off) and how long a batch waits to fill.
+    max_batch_size: int = 0
+    max_queue_delay_us: int = 0
 
     def mode(self) -> str:
         chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),

@@ -51,8 +51,15 @@ class ModelConfig:
 
 _ALLOWED = {
     "name", "base_path", "model_version_policy", "shape", "layout", "batch_size",
-    "nireq", "target_device", "plugin_config",
+    "nireq", "target_device", "plugin_config", "max_batch_size", "max_queue_delay_us",
 }
+
+
+def _count(cfg: dict, key: str, default: int, where: str) -> int:
+    value = cfg.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"{where}: '{key}' must be a non-negative integer")
+    return value
 
 
 def parse_model_entry(entry: Any, base_dir: Path, index: int, defaults: LoadOptions | None = None) -> ModelConfig:
@@ -70,9 +77,9 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int, defaults: LoadOpti
     if unknown:
         log.warning("%s (%s): ignoring unsupported keys %s", where, name, sorted(unknown))
     defaults = defaults or LoadOptions()
-    nireq = cfg.get("nireq", defaults.nireq)
-    if not isinstance(nireq, int) or isinstance(nireq, bool) or nireq < 0:
-        raise InvalidInput(f"{where} ({name}): 'nireq' must be a non-negative integer")
+    nireq = _count(cfg, "nireq", defaults.nireq, f"{where} ({name})")
+    max_batch_size = _count(cfg, "max_batch_size", defaults.max_batch_size, f"{where} ({name})")
+    max_queue_delay_us = _count(cfg, "max_queue_delay_us", defaults.max_queue_delay_us, f"{where} ({name})")
     plugin = cfg.get("plugin_config", {})
     if isinstance(plugin, str):
         try:
@@ -95,6 +102,8 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int, defaults: LoadOpti
         batch_size=cfg.get("batch_size", defaults.batch_size),
         nireq=nireq,
         plugin_config=plugin,
+        max_batch_size=max_batch_size,
+        max_queue_delay_us=max_queue_delay_us,
     )
     policy = VersionPolicy.parse(cfg.get("model_version_policy"), f"{where} ({name})")
     return ModelConfig(name, path.resolve(), policy, options, json.dumps(cfg, sort_keys=True))

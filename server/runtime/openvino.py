@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +82,10 @@ class LoadOptions:
     batch_size: Any = None  # int or str
     nireq: int = 0  # 0: the device's optimal number
     plugin_config: dict[str, Any] = field(default_factory=dict)
+    #: dynamic batching: join concurrent requests into batches of up to this many (0/1: off)
+    max_batch_size: int = 0
+    #: how long the first request of a batch waits for others to join
+    max_queue_delay_us: int = 0
 
 
 def _port_name(port: Any) -> str:
@@ -174,54 +181,80 @@ def find_model_file(version_dir: Path) -> Path:
     raise FailedPrecondition(f"several model files in {version_dir}: {[c.name for c in candidates]}")
 
 
-class _Slot:
-    __slots__ = ("request", "future", "loop", "keep", "outputs")
+#: A model whose inferences take less than this runs them inline on the event
+#: loop: a thread hop, a GIL hand-off and a loop wake-up cost more than the
+#: inference itself (measured in bench/: add REST JSON c16 +60-90%).
+INLINE_BELOW_S = 150e-6
+#: Weight of the newest measurement in the running estimate of an inference's duration.
+_EWMA = 0.2
 
-    def __init__(self, request: ov.InferRequest, outputs: list[PortInfo]) -> None:
+
+class _Slot:
+    """One ``ov.InferRequest`` and the request it is serving."""
+
+    __slots__ = ("request", "future", "started", "owned")
+
+    def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
         self.future: asyncio.Future | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.keep: Any = None
-        self.outputs = outputs
+        self.started = 0.0
+        #: input index -> a tensor this slot owns, for inputs that cannot be shared
+        self.owned: dict[int, ov.Tensor] = {}
+
+    def copy_in(self, index: int, arr: np.ndarray) -> ov.Tensor:
+        """``arr`` copied into this slot's own tensor for input ``index`` (reused across requests)."""
+        tensor = self.owned.get(index)
+        if tensor is None or tensor.data.dtype != arr.dtype:
+            tensor = self.owned[index] = ov.Tensor(np.empty(arr.shape, arr.dtype))
+        elif tuple(tensor.shape) != arr.shape:
+            tensor.shape = arr.shape
+        np.copyto(tensor.data, arr, casting="no")
+        return tensor
 
 
-def _read_outputs(slot: _Slot) -> dict[str, np.ndarray]:
-    result: dict[str, np.ndarray] = {}
-    req = slot.request
-    for port in slot.outputs:
-        tensor = req.get_output_tensor(port.index)
-        if port.datatype == "BYTES":
-            arr = np.asarray(tensor.bytes_data, dtype=object).reshape(tuple(tensor.shape))
-        else:
-            arr = tensor.data.copy()
-        result[port.name] = arr
-    return result
+class _Completions:
+    """OpenVINO's completion callbacks -> the event loop, with one wake-up per burst.
 
+    The callback (on an OpenVINO thread) appends the finished slot and wakes the
+    loop only if no wake-up is pending; the loop then settles every slot that
+    finished meanwhile. Outputs are read on the loop, not on OpenVINO's threads.
+    """
 
-def _on_done(slot: _Slot) -> None:
-    """OpenVINO's completion callback, on one of its threads."""
-    fut, loop = slot.future, slot.loop
-    if fut is None or loop is None:
-        return
-    try:
-        outputs: Any = _read_outputs(slot)
-        err = None
-    except Exception as exc:  # pragma: no cover - runtime failures are rare
-        outputs, err = None, exc
-    loop.call_soon_threadsafe(_resolve, fut, outputs, err)
+    def __init__(self, loop: asyncio.AbstractEventLoop, settle) -> None:
+        self.loop = loop
+        self._settle = settle
+        self._done: list[tuple[_Slot, float]] = []
+        self._lock = threading.Lock()
+        self._pending = False
 
+    def on_done(self, slot: _Slot) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self._done.append((slot, now))
+            if self._pending:
+                return
+            self._pending = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the process is stopping
+            pass
 
-def _resolve(fut: asyncio.Future, outputs: Any, err: BaseException | None) -> None:
-    if fut.done():
-        return
-    if err is not None:
-        fut.set_exception(InternalError(f"inference failed: {err}"))
-    else:
-        fut.set_result(outputs)
+    def _drain(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+            self._pending = False
+        for slot, finished in done:
+            self._settle(slot, finished)
 
 
 class OpenVINOModel:
-    """One compiled model version with its pool of asynchronous infer requests."""
+    """One compiled model version with its pool of asynchronous infer requests.
+
+    ``infer`` takes an idle request (or waits for one), feeds the request's
+    arrays as shared ``ov.Tensor``s (no copy), and either starts it
+    asynchronously and awaits its completion, or, for a model whose inferences
+    take microseconds, runs it inline on the loop thread with the GIL released.
+    """
 
     def __init__(self, path: Path, options: LoadOptions) -> None:
         self.path = path
@@ -229,8 +262,14 @@ class OpenVINOModel:
         self.inputs: list[PortInfo] = []
         self.outputs: list[PortInfo] = []
         self._compiled: ov.CompiledModel | None = None
-        self._idle: asyncio.Queue[_Slot] | None = None
+        self._slots: list[_Slot] = []
+        self._idle: deque[_Slot] = deque()
+        self._waiters: deque[asyncio.Future] = deque()
+        self._completions: _Completions | None = None
+        #: running estimate of one inference's duration (seconds); None until measured
+        self.cost: float | None = None
         self.nireq = 0
+        self.batcher: Any = None
 
     # -- loading (blocking; the repository runs it in a worker thread) -----
     def load(self) -> None:
@@ -256,9 +295,15 @@ class OpenVINOModel:
         optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self.nireq = opts.nireq if opts.nireq > 0 else max(optimal, 1)
         self._compiled = compiled
-        self._slots = [_Slot(compiled.create_infer_request(), self.outputs) for _ in range(self.nireq)]
-        for slot in self._slots:
-            slot.request.set_callback(_on_done, slot)
+        self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
+        self._idle = deque(self._slots)
+        if opts.max_batch_size > 1:
+            from .batching import DynamicBatcher, batchable  # noqa: PLC0415 - only for models that batch
+
+            why_not = batchable(self, opts.max_batch_size)
+            if why_not:
+                raise FailedPrecondition(f"max_batch_size {opts.max_batch_size}: {why_not}")
+            self.batcher = DynamicBatcher(self, opts.max_batch_size, opts.max_queue_delay_us)
 
     @staticmethod
     def _port(port: Any, index: int, kind: str) -> PortInfo:
@@ -277,44 +322,132 @@ class OpenVINOModel:
 
     def unload(self) -> None:
         self._slots = []
-        self._idle = None
+        self._idle.clear()
         self._compiled = None
+        self.batcher = None
 
     # -- inference ---------------------------------------------------------
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._idle is None:
-            self._idle = asyncio.Queue()
-            for slot in self._slots:
-                self._idle.put_nowait(slot)
-        idle = self._idle
-        slot = await idle.get()
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        slot.future, slot.loop = fut, loop
-        feed = {}
-        for port in self.inputs:
-            arr = inputs[port.name]
-            if port.datatype == "BYTES":
-                arr = np.array(list(arr.reshape(-1)), dtype=np.bytes_).reshape(arr.shape)
-            elif not arr.flags.c_contiguous:
-                arr = np.ascontiguousarray(arr)
-            feed[port.index] = arr
-        slot.keep = feed  # the request shares these buffers until it completes
+        """Run one inference on ``inputs`` (name -> array); returns name -> array."""
+        if self.batcher is not None:
+            return await self.batcher.infer(inputs)
+        return await self.run(inputs)
+
+    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference exactly as given, on one infer request."""
+        return await self.run_on(await self.acquire(), inputs)
+
+    async def acquire(self) -> _Slot:
+        """An idle infer request (waits for one); give it to :meth:`run_on` or :meth:`release`."""
+        return self._idle.popleft() if self._idle else await self._wait_idle()
+
+    async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run ``inputs`` on an acquired infer request; the request goes back to the pool."""
         try:
-            slot.request.start_async(feed, share_inputs=True)
+            self._feed(slot, inputs)
+        except BaseException:
+            self.release(slot)
+            raise
+        cost = self.cost
+        if cost is not None and cost < INLINE_BELOW_S:
+            return self._run_inline(slot)
+        loop = asyncio.get_running_loop()
+        completions = self._completions
+        if completions is None or completions.loop is not loop:
+            completions = self._completions = _Completions(loop, self._settle)
+            for s in self._slots:
+                s.request.set_callback(completions.on_done, s)
+        fut = slot.future = loop.create_future()
+        slot.started = time.perf_counter()
+        try:
+            slot.request.start_async()
         except Exception as exc:
-            slot.future = slot.keep = None
-            idle.put_nowait(slot)
+            slot.future = None
+            self.release(slot)
+            raise InvalidInput(f"the model refused the inputs: {_first_line(exc)}") from None
+        # The slot goes back to the pool when OpenVINO is done with it (in
+        # _settle), whether or not this caller is still waiting.
+        return await fut
+
+    def _feed(self, slot: _Slot, inputs: dict[str, np.ndarray]) -> None:
+        req = slot.request
+        try:
+            for port in self.inputs:
+                arr = inputs[port.name]
+                if port.datatype == "BYTES":
+                    tensor = ov.Tensor(np.array(list(arr.reshape(-1)), dtype=np.bytes_).reshape(arr.shape))
+                elif arr.flags.writeable and arr.flags.c_contiguous:
+                    # shared: the request reads the caller's buffer, which the
+                    # tensor keeps alive until the next feed.
+                    tensor = ov.Tensor(arr, shared_memory=True)
+                else:
+                    # read-only (a view of the request's bytes) or strided: one copy
+                    # into a buffer the slot reuses, no allocation per request.
+                    tensor = slot.copy_in(port.index, arr)
+                req.set_input_tensor(port.index, tensor)
+        except Exception as exc:
             raise InvalidInput(f"the model refused the inputs: {_first_line(exc)}") from None
 
-        def release(_: asyncio.Future) -> None:
-            slot.future = slot.keep = None
-            idle.put_nowait(slot)
+    def _run_inline(self, slot: _Slot) -> dict[str, np.ndarray]:
+        started = time.perf_counter()
+        try:
+            slot.request.infer()  # the GIL is released while OpenVINO runs
+            outputs = self._read_outputs(slot)
+        except Exception as exc:
+            raise InternalError(f"inference failed: {_first_line(exc)}") from None
+        finally:
+            self._measured(time.perf_counter() - started)
+            self.release(slot)
+        return outputs
 
-        # The request goes back to the pool only once OpenVINO is done with it,
-        # even if the client went away meanwhile.
-        fut.add_done_callback(release)
-        return await asyncio.shield(fut)
+    def _settle(self, slot: _Slot, finished: float) -> None:
+        """On the loop: a started request finished; hand its outputs over, free the slot."""
+        fut, slot.future = slot.future, None
+        self._measured(finished - slot.started)
+        try:
+            outputs = self._read_outputs(slot)
+        except Exception as exc:  # pragma: no cover - runtime failures are rare
+            if fut is not None and not fut.done():
+                fut.set_exception(InternalError(f"inference failed: {_first_line(exc)}"))
+        else:
+            if fut is not None and not fut.done():
+                fut.set_result(outputs)
+        self.release(slot)
+
+    def _measured(self, seconds: float) -> None:
+        cost = self.cost
+        self.cost = seconds if cost is None else cost + _EWMA * (seconds - cost)
+
+    def _read_outputs(self, slot: _Slot) -> dict[str, np.ndarray]:
+        req = slot.request
+        result: dict[str, np.ndarray] = {}
+        for port in self.outputs:
+            tensor = req.get_output_tensor(port.index)
+            if port.datatype == "BYTES":
+                result[port.name] = np.asarray(tensor.bytes_data, dtype=object).reshape(tuple(tensor.shape))
+            else:
+                result[port.name] = tensor.data.copy()
+        return result
+
+    async def _wait_idle(self) -> _Slot:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())  # handed a slot just as we were cancelled
+            raise
+
+    def release(self, slot: _Slot) -> None:
+        if slot not in self._slots:  # unloaded meanwhile
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(slot)
+                return
+        self._idle.append(slot)
 
 
 #: OpenVINO's lines that only say where an error was raised ("Exception from f.cpp:84:",

@@ -1,0 +1,155 @@
+"""The inference engine: the infer-request pool, inline runs of tiny models, dynamic batching.
+
+In-process tests drive :class:`OpenVINOModel` directly (it imports nothing of
+the transports); the wire tests run the real server with ``--max-batch-size``
+and send concurrent requests with tritonclient.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from ovserve.server.errors import FailedPrecondition, InvalidInput
+from ovserve.server.repository.config import parse_config
+from ovserve.server.runtime import openvino as rt
+from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
+
+from . import models
+
+F32 = {"INFERENCE_PRECISION_HINT": "f32"}
+
+
+def _load(tmp_path: Path, model: ov.Model, **options: object) -> OpenVINOModel:
+    path = tmp_path / "model.xml"
+    ov.save_model(model, str(path))
+    loaded = OpenVINOModel(path, LoadOptions(plugin_config=dict(F32), **options))  # type: ignore[arg-type]
+    loaded.load()
+    return loaded
+
+
+def _rows(n: int, seed: int, width: int = 16) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+def test_many_concurrent_requests_share_a_small_pool(tmp_path: Path) -> None:
+    model = _load(tmp_path, models.add_one(), nireq=2)
+    xs = [_rows(1 + i % 3, i) for i in range(40)]
+
+    async def main() -> list[dict]:
+        return await asyncio.gather(*(model.infer({"x": x}) for x in xs))
+
+    for x, out in zip(xs, asyncio.run(main())):
+        np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
+    assert len(model._idle) == 2  # every request went back to the pool
+
+
+def test_a_tiny_model_switches_to_inline_runs_and_stays_right(tmp_path: Path) -> None:
+    model = _load(tmp_path, models.add_one())
+
+    async def main() -> None:
+        for i in range(30):
+            x = _rows(2, i)
+            np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
+
+    asyncio.run(main())
+    assert model.cost is not None and model.cost < rt.INLINE_BELOW_S, model.cost
+
+
+def test_read_only_and_strided_inputs_are_copied_not_refused(tmp_path: Path) -> None:
+    model = _load(tmp_path, models.add_one())
+    x = _rows(3, 1)
+    read_only = np.frombuffer(x.tobytes(), np.float32).reshape(3, 16)
+    strided = _rows(6, 2)[::2]
+
+    async def main() -> None:
+        for arr in (read_only, strided, read_only[:1], x):
+            np.testing.assert_allclose((await model.infer({"x": arr}))["y"], arr + 1, rtol=1e-6)
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_caller_does_not_lose_the_infer_request(tmp_path: Path) -> None:
+    model = _load(tmp_path, models.add_one(), nireq=1)
+
+    async def main() -> None:
+        waiting = [asyncio.ensure_future(model.infer({"x": _rows(1, i)})) for i in range(5)]
+        await asyncio.sleep(0)
+        for task in waiting[1:4]:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        x = _rows(1, 9)
+        np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
+
+    asyncio.run(main())
+    assert len(model._idle) == 1
+
+
+def test_dynamic_batching_joins_concurrent_requests_and_splits_the_answers(tmp_path: Path) -> None:
+    model = _load(tmp_path, models.add_one(), nireq=1, max_batch_size=8, max_queue_delay_us=50_000)
+    xs = [_rows(1 + i % 2, 100 + i) for i in range(12)]  # 18 rows in all
+
+    async def main() -> list[dict]:
+        return await asyncio.gather(*(model.infer({"x": x}) for x in xs))
+
+    for x, out in zip(xs, asyncio.run(main())):
+        assert out["y"].shape == x.shape
+        np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
+    batcher = model.batcher
+    assert batcher.requests == 12
+    assert batcher.batches <= 4, batcher.batches  # 18 rows in batches of at most 8 rows
+
+
+def test_dynamic_batching_keeps_shapes_that_cannot_join_apart(tmp_path: Path) -> None:
+    model = _load(tmp_path, models.add_one(shape=(-1, -1)), nireq=1, max_batch_size=4, max_queue_delay_us=20_000)
+    xs = [_rows(1, i, width=4 + i % 2) for i in range(6)]
+    big = _rows(9, 7, width=4)  # more rows than max_batch_size: runs on its own
+
+    async def main() -> list[dict]:
+        return await asyncio.gather(*(model.infer({"x": x}) for x in [*xs, big]))
+
+    for x, out in zip([*xs, big], asyncio.run(main())):
+        np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
+
+
+def test_dynamic_batching_refuses_a_model_without_a_dynamic_batch(tmp_path: Path) -> None:
+    with pytest.raises(FailedPrecondition, match="no dynamic batch dimension"):
+        _load(tmp_path, models.fixed_batch(1), max_batch_size=4)
+
+
+def test_batching_options_in_config_json(tmp_path: Path) -> None:
+    entry = {"config": {"name": "m", "base_path": "m", "max_batch_size": 16, "max_queue_delay_us": 500}}
+    (cfg,) = parse_config(json.dumps({"model_config_list": [entry]}), tmp_path)
+    assert (cfg.options.max_batch_size, cfg.options.max_queue_delay_us) == (16, 500)
+    entry["config"]["max_batch_size"] = -1
+    with pytest.raises(InvalidInput, match="max_batch_size"):
+        parse_config(json.dumps({"model_config_list": [entry]}), tmp_path)
+
+
+def test_batching_server_answers_concurrent_clients_correctly(start_server, tmp_path: Path) -> None:
+    import tritonclient.http as httpclient
+
+    repo = tmp_path / "repo"
+    models.save(models.add_one(), repo, "add")
+    server = start_server("--model-repository", str(repo), "--max-batch-size", "8",
+                          "--max-queue-delay-us", "2000", "--nireq", "1",
+                          "--plugin-config", json.dumps(F32))
+
+    def one(i: int) -> None:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.rest_port}")
+        for j in range(20):
+            x = _rows(1 + (i + j) % 3, i * 100 + j)
+            inp = httpclient.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x, binary_data=bool(j % 2))
+            y = client.infer("add", [inp]).as_numpy("y")
+            np.testing.assert_allclose(y, x + 1, rtol=1e-6)
+        client.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(8)))
+    assert "Traceback" not in server.log
