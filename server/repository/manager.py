@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import InvalidInput, NotFound, ServerError, Unavailable
+from ..runtime.memory import release_free_memory
 from ..runtime.openvino import OpenVINOModel, PortInfo, find_model_file
 from .config import ModelConfig
 from .states import INDEX_STATE, State, Status
@@ -217,6 +218,9 @@ class ModelManager:
         except Exception as exc:  # a broken model never takes the server down
             mv.set_state(State.END, "INTERNAL", f"{type(exc).__name__}: {exc}")
             return
+        finally:
+            # compiling frees much of what it allocated: give it back to the OS
+            loop.run_in_executor(self._executor, release_free_memory)
         mv.model = model
         mv.set_state(State.AVAILABLE)
         log.info(
@@ -237,6 +241,7 @@ class ModelManager:
         if mv.model is not None:
             mv.model.unload()
             mv.model = None
+            asyncio.get_running_loop().run_in_executor(self._executor, release_free_memory)
         mv.set_state(State.END)
 
     # -- the repository extension -----------------------------------------

@@ -1,1 +1,5 @@
 """Inference runtimes. Only OpenVINO today."""
+from .memory import import_openvino
+
+# Before anything below imports openvino: without its unused converter (see memory.py).
+import_openvino()

@@ -1,0 +1,68 @@
+"""Keeping the server's resident memory small (measured in bench/: docs/performance.md).
+
+Two things, both measured on the benchmark's idle server with ``add`` and
+``resnetish`` loaded:
+
+- ``import openvino`` also imports its model conversion tool (``ovc``), which
+  pulls in OpenVINO's telemetry and its TensorFlow frontend: about 13 MiB of
+  RSS that a server reading IR and ONNX files never uses. OpenVINO's package
+  treats that import as optional (it is wrapped in ``try/except ImportError``),
+  so :func:`import_openvino` hides ``openvino.tools.ovc`` while OpenVINO
+  imports. ``openvino.tools.ovc`` can still be imported explicitly afterwards.
+- Loading and compiling a model allocates and frees a lot on worker threads;
+  glibc keeps those freed pages. :func:`release_free_memory` hands them back
+  (``malloc_trim``) after models are loaded or unloaded: about 10 MiB.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.abc
+import logging
+import sys
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_HIDDEN = "openvino.tools.ovc"
+
+
+class _HideConverter(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+        if name == _HIDDEN:
+            raise ImportError(f"{_HIDDEN} is not needed to serve models")
+        return None
+
+
+def import_openvino() -> ModuleType:
+    """``import openvino`` without the model conversion tool (a no-op if already imported)."""
+    if "openvino" in sys.modules:
+        return sys.modules["openvino"]
+    finder = _HideConverter()
+    sys.meta_path.insert(0, finder)
+    try:
+        import openvino
+    finally:
+        sys.meta_path.remove(finder)
+    return openvino
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    if not name or not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free pages to the OS (glibc ``malloc_trim``; elsewhere a no-op)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
