@@ -98,6 +98,21 @@ def from_values(where: str, datatype: str, shape: tuple[int, ...], values: Any) 
     return arr.reshape(shape)
 
 
+def from_numbers(where: str, datatype: str, shape: tuple[int, ...], numbers: np.ndarray) -> np.ndarray:
+    """A flat float64/int64/uint64 array parsed from JSON -> the datatype's array (range-checked)."""
+    dtype = numpy_dtype(datatype, where)
+    count = math.prod(shape)
+    if numbers.size != count:
+        raise InvalidInput(f"{where}: shape {list(shape)} needs {count} elements, got {numbers.size}")
+    if dtype.kind in "iu" and numbers.size:
+        info = np.iinfo(dtype)
+        low, high = numbers.min(), numbers.max()
+        if low < info.min or high > info.max:
+            raise InvalidInput(f"{where}: data does not fit datatype {datatype}: "
+                               f"value {low if low < info.min else high} is out of range")
+    return numbers.astype(dtype, copy=numbers.dtype != dtype).reshape(shape)
+
+
 def to_raw(array: np.ndarray, datatype: str) -> bytes:
     """Serialize an array to the raw wire form (little-endian, or framed BYTES)."""
     if datatype == "BYTES":

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 import orjson
+import simdjson
 
 from ...codecs.datatypes import V2_TO_NUMPY, numpy_dtype
-from ...codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ...codecs.tensors import check_shape, from_numbers, from_raw, from_values, to_raw
 from ...errors import InvalidInput
 from ...types import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -46,6 +47,66 @@ def parse_json(body: bytes | memoryview, where: str = "request body") -> Any:
         raise InvalidInput(f"{where} is not valid JSON: {exc}") from None
 
 
+#: Request bodies from this size on are parsed with simdjson, which puts a flat
+#: array of numbers straight into a numpy buffer instead of making a Python
+#: object per element (resnetish, 1.6 MB of JSON: 9 ms -> 3 ms). Smaller ones
+#: go through orjson, which is quicker to start.
+LARGE_JSON = 64 * 1024
+#: simdjson's buffer type for each datatype family (d: float64, i: int64, u: uint64).
+_BUFFER_TYPE = {"FP16": "d", "FP32": "d", "FP64": "d", "INT8": "i", "INT16": "i", "INT32": "i",
+                "INT64": "i", "UINT8": "u", "UINT16": "u", "UINT32": "u", "UINT64": "u"}
+
+
+def _plain(value: Any) -> Any:
+    """A simdjson proxy as plain Python objects."""
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    if isinstance(value, simdjson.Array):
+        return value.as_list()
+    return value
+
+
+def _numbers(data: "simdjson.Array", datatype: Any) -> Any:
+    """A flat JSON array of numbers as a numpy array, or the plain list when it is not one."""
+    kind = _BUFFER_TYPE.get(datatype) if isinstance(datatype, str) else None
+    if kind is not None:
+        try:
+            arr = np.frombuffer(data.as_buffer(of_type=kind), dtype={"d": np.float64, "i": np.int64, "u": np.uint64}[kind])
+        except (TypeError, ValueError):  # not all numbers of that kind: the exact path decides
+            arr = None
+        if arr is not None and arr.size == len(data):  # flat (a nested array would flatten)
+            return arr
+    return data.as_list()
+
+
+def parse_request_json(body: memoryview, where: str = "request body") -> Any:
+    """An inference request's JSON; inputs' ``data`` may come back as numpy arrays (large bodies)."""
+    if len(body) < LARGE_JSON:
+        return parse_json(body, where)
+    try:
+        doc = simdjson.Parser().parse(body)
+    except ValueError as exc:
+        raise InvalidInput(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(doc, simdjson.Object):
+        return _plain(doc)
+    out = {}
+    for key in doc.keys():
+        value = doc[key]
+        if key == "inputs" and isinstance(value, simdjson.Array):
+            items = []
+            for item in value:
+                if isinstance(item, simdjson.Object):
+                    fields = {k: _plain(item[k]) for k in item.keys() if k != "data"}
+                    if "data" in item:
+                        data = item["data"]
+                        fields["data"] = _numbers(data, fields.get("datatype")) if isinstance(data, simdjson.Array) else data
+                    item = fields
+                items.append(_plain(item))
+            value = items
+        out[key] = _plain(value)
+    return out
+
+
 def decode_infer_request(model_name: str, version: str, body: bytes, header_length: str | None) -> InferRequest:
     view = memoryview(body)
     if header_length is not None:
@@ -61,10 +122,10 @@ def decode_infer_request(model_name: str, version: str, body: bytes, header_leng
             )
         if json_len == 0:
             raise InvalidInput("Inference-Header-Content-Length 0 needs the model's input spec; use decode_headerless")
-        doc = parse_json(view[:json_len], "inference header")
+        doc = parse_request_json(view[:json_len], "inference header")
         binary = view[json_len:]
     else:
-        doc, binary = parse_json(view), view[:0]
+        doc, binary = parse_request_json(view), view[:0]
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -104,6 +165,8 @@ def decode_infer_request(model_name: str, version: str, body: bytes, header_leng
                 )
             array = from_raw(where, datatype, shape, binary[offset : offset + size])
             offset += size
+        elif isinstance(item["data"], np.ndarray):
+            array = from_numbers(where, datatype, shape, item["data"])
         else:
             array = from_values(where, datatype, shape, item["data"])
         params = {k: v for k, v in params.items() if k != "binary_data_size"}
