@@ -41,6 +41,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--grpc-client", choices=["h2", "aio"], default=None,
                    help="h2 (default when hpack is installed): the bench's light HTTP/2 client; "
                         "aio: grpcio's own (dearer per call)")
+    p.add_argument("--batch-delay-us", type=int, default=2000, metavar="US",
+                   help="max_queue_delay_us of the dynamic-batching rows (ovserve-batch: add and resnetish at the "
+                        "highest concurrency, max_batch_size = that concurrency); 0 skips them")
     p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `ovserve serve` (repeatable)")
     p.add_argument("--wait-quiet", type=float, default=120, metavar="SECONDS",
@@ -138,6 +141,21 @@ class Bench:
             if server.proc.poll() is not None:
                 raise RuntimeError(f"{server.name} died during the run:\n{server.log}")
 
+    def batched(self, start: Callable[[list[str], list[str]], servers.ServerProcess]) -> None:
+        """Dynamic batching rows: add and resnetish at the highest concurrency, their own server."""
+        names = [n for n in ("add", "resnetish") if n in self.names]
+        c = max(self.concurrency)
+        if not names or c < 2 or self.args.batch_delay_us <= 0:
+            return
+        flags = ["--max-batch-size", str(c), "--max-queue-delay-us", str(self.args.batch_delay_us)]
+        with start(names, flags) as server:
+            server.wait_ready(names)
+            print(f"{server.name}: {' '.join(flags)}", flush=True)
+            for name in names:
+                for protocol in self.protocols:
+                    port = server.grpc_port if protocol == "grpc" else server.rest_port
+                    self.measure(self.case(protocol, name, c, port=port), server.name, server.proc.pid)
+
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
@@ -170,6 +188,12 @@ def main(argv: list[str]) -> int:
             bench.raw()
         if not args.no_ovserve:
             bench.served(ovserve)
+
+            def ovserve_batch(names: list[str], flags: list[str]) -> servers.ServerProcess:
+                config = models.write_config(Path(tmp) / "configs" / ("batch-" + ",".join(names)), names, repo=Path(tmp))
+                return servers.start_ovserve(config, [*args.ovserve_arg, *flags], name="ovserve-batch")
+
+            bench.batched(ovserve_batch)
         if not args.no_peer:
             peer.ensure_venv()
             versions.update({f"peer {k}": v for k, v in peer.versions().items()})

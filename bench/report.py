@@ -15,7 +15,7 @@ from pathlib import Path
 from .measure import Row
 
 PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
-SERVERS = ("raw", "ovserve", "kserve")
+SERVERS = ("raw", "ovserve", "ovserve-batch", "kserve")
 DOC_MARKER = "<!-- bench runs below, newest first -->"
 NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
 
@@ -67,7 +67,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
         raw = _find(rows, r.model, "raw", "async", r.concurrency)
         peer = _find(rows, r.model, "kserve", r.protocol, r.concurrency)
         x_raw = _ratio(r.throughput, raw.throughput if raw else None) if r.server != "raw" else None
-        x_peer = _ratio(r.throughput, peer.throughput if peer else None) if r.server == "ovserve" else None
+        x_peer = _ratio(r.throughput, peer.throughput if peer else None) if r.server.startswith("ovserve") else None
         out.append([r.model, r.server, r.protocol, str(r.concurrency), f"{r.throughput:.0f}", f"{r.p50_ms:.2f}",
                     f"{r.p99_ms:.2f}", str(r.errors), f"{r.server_cpu_pct:.0f}", f"{r.server_rss_mib:.0f}",
                     "-" if r.client_cpu_pct is None else f"{r.client_cpu_pct:.0f}", f"{r.other_cpu_pct:.0f}" + (" !" if r.other_cpu_pct > NOISY_PCT else ""),

@@ -151,5 +151,5 @@ def ovserve_command(config: Path, extra: list[str] | None = None) -> list[str]:
             "--grpc-port", "0", "--config", str(config), "--poll-interval", "0", *(extra or [])]
 
 
-def start_ovserve(config: Path, extra: list[str] | None = None) -> ServerProcess:
-    return ServerProcess("ovserve", ovserve_command(config, extra))
+def start_ovserve(config: Path, extra: list[str] | None = None, name: str = "ovserve") -> ServerProcess:
+    return ServerProcess(name, ovserve_command(config, extra))
