@@ -49,16 +49,31 @@ def test_many_concurrent_requests_share_a_small_pool(tmp_path: Path) -> None:
     assert len(model._idle) == 2  # every request went back to the pool
 
 
-def test_a_tiny_model_switches_to_inline_runs_and_stays_right(tmp_path: Path) -> None:
-    model = _load(tmp_path, models.add_one())
+@pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["never-inline", "always-inline"])
+def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inline_below: float,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch is by measured duration; both paths are forced here (no timing in the test)."""
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    model = _load(tmp_path, models.add_one(), nireq=2)
+    started = []
+    real_start = rt._Completions.on_done
+    monkeypatch.setattr(rt._Completions, "on_done", lambda self, slot: (started.append(1), real_start(self, slot)))
 
     async def main() -> None:
-        for i in range(30):
-            x = _rows(2, i)
+        for i in range(20):
+            x = _rows(1 + i % 3, i)
             np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
+        xs = [_rows(2, 50 + i) for i in range(6)]
+        for x, out in zip(xs, await asyncio.gather(*(model.infer({"x": x}) for x in xs))):
+            np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
 
     asyncio.run(main())
-    assert model.cost is not None and model.cost < rt.INLINE_BELOW_S, model.cost
+    assert model.cost is not None and model.cost > 0
+    if inline_below:
+        assert len(started) == 1  # only the first run, before any measurement, was asynchronous
+    else:
+        assert len(started) == 26
+    assert len(model._idle) == 2
 
 
 def test_read_only_and_strided_inputs_are_copied_not_refused(tmp_path: Path) -> None:
