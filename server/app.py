@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -111,6 +112,11 @@ class Server:
         log.info("loading models from %s", self.manager.source.describe())
         await self.manager.start()
         await self.grpc.set_serving()
+        # Everything alive now (modules, models, servers) lives as long as the process: keep it
+        # out of the garbage collector's full passes, which would otherwise walk it again and
+        # again under load (the usual long-running-server practice; see docs/performance.md).
+        gc.collect()
+        gc.freeze()
 
     async def stop(self) -> None:
         grace = self.settings.grace_period
