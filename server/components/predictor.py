@@ -1,0 +1,429 @@
+"""The predictor client: one pooled connection to a predictor, in neutral types.
+
+``PredictorClient(host, protocol)`` talks to a predictor over KServe V1 REST
+(``v1``), V2 REST (``v2``; every tensor goes with the binary tensor extension,
+far cheaper than JSON numbers) or V2 gRPC (``grpc-v2``). ``host`` is ``host``
+or ``host:port`` as KServe's ``--predictor_host``; without a port, 80 (443 with
+TLS).
+
+- One keep-alive HTTP connection pool (httpx) or one gRPC channel per client,
+  never a connection per request.
+- Retries only when the predictor could not be reached (connection refused or
+  reset before an answer, gRPC UNAVAILABLE), ``retries`` times with a short
+  backoff; then :class:`PredictorUnavailable` (503 / UNAVAILABLE). A predictor
+  that comes back is used again on the next call.
+- A predictor that answers with an error becomes a ``Predictor*`` error carrying
+  the predictor's message prefixed ``predictor: `` and mapped to the same HTTP
+  status / gRPC code the predictor gave (through :mod:`ovserve.server.errors`).
+- A call slower than ``timeout`` seconds is :class:`PredictorTimeout` (504).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from typing import Any
+
+import numpy as np
+
+from ..codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ..errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InternalError,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ServerError,
+    Unavailable,
+    Unsupported,
+)
+from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("v1", "v2", "grpc-v2")
+HEADER = "Inference-Header-Content-Length"
+PREFIX = "predictor: "
+#: Seconds before retry i (the last value repeats).
+BACKOFF = (0.1, 0.3, 0.6)
+
+
+# -- errors ------------------------------------------------------------------
+class PredictorError(ServerError):
+    """Mixin of every error that comes from the predictor; ``status`` is its HTTP status."""
+
+    status: int = 500
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message if message.startswith(PREFIX) else PREFIX + message)
+        if status is not None:
+            self.status = status
+
+
+class PredictorInvalidInput(PredictorError, InvalidInput):
+    status = 400
+
+
+class PredictorNotFound(PredictorError, NotFound):
+    status = 404
+
+
+class PredictorUnavailable(PredictorError, Unavailable):
+    status = 503
+
+
+class PredictorPayloadTooLarge(PredictorError, PayloadTooLarge):
+    status = 413
+
+
+class PredictorFailedPrecondition(PredictorError, FailedPrecondition):
+    status = 412
+
+
+class PredictorUnsupported(PredictorError, Unsupported):
+    status = 501
+
+
+class PredictorTimeout(PredictorError, DeadlineExceeded):
+    status = 504
+
+
+class PredictorInternal(PredictorError, InternalError):
+    status = 500
+
+
+_BY_HTTP: dict[int, type[PredictorError]] = {
+    c.status: c for c in (PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
+                          PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
+}
+_BY_GRPC: dict[str, type[PredictorError]] = {
+    "INVALID_ARGUMENT": PredictorInvalidInput,
+    "OUT_OF_RANGE": PredictorInvalidInput,
+    "NOT_FOUND": PredictorNotFound,
+    "UNAVAILABLE": PredictorUnavailable,
+    "RESOURCE_EXHAUSTED": PredictorPayloadTooLarge,
+    "FAILED_PRECONDITION": PredictorFailedPrecondition,
+    "UNIMPLEMENTED": PredictorUnsupported,
+    "DEADLINE_EXCEEDED": PredictorTimeout,
+}
+
+
+def error_from_http(status: int, message: str) -> PredictorError:
+    """The predictor's HTTP error as a ServerError with the same status (the nearest one for others)."""
+    klass = _BY_HTTP.get(status) or (PredictorInvalidInput if 400 <= status < 500 else PredictorInternal)
+    return klass(message, status)
+
+
+def error_from_grpc(code_name: str, message: str) -> PredictorError:
+    return _BY_GRPC.get(code_name, PredictorInternal)(message)
+
+
+def _http_message(resp: Any) -> str:
+    try:
+        doc = resp.json()
+        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+            return doc["error"]
+    except ValueError:
+        pass
+    text = resp.text.strip()
+    return text[:500] or f"HTTP {resp.status_code}"
+
+
+# -- V2 REST wire (client side) ----------------------------------------------
+def encode_v2_request(request: InferRequest) -> tuple[bytes, int]:
+    """Body and JSON header length: every input as binary, every output asked as binary."""
+    chunks: list[bytes] = []
+    inputs = []
+    for t in request.inputs:
+        raw = to_raw(np.asarray(t.data), t.datatype)
+        chunks.append(raw)
+        params = {k: v for k, v in t.parameters.items() if k not in ("binary_data_size", "binary_data")}
+        params["binary_data_size"] = len(raw)
+        inputs.append({"name": t.name, "datatype": t.datatype, "shape": list(np.shape(t.data)), "parameters": params})
+    doc: dict[str, Any] = {"inputs": inputs,
+                           "parameters": {**request.parameters, "binary_data_output": True}}
+    if request.id:
+        doc["id"] = request.id
+    if request.outputs:
+        doc["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}} for o in request.outputs]
+    import orjson
+
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    return b"".join([header, *chunks]), len(header)
+
+
+def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
+    view = memoryview(body)
+    import orjson
+
+    try:
+        if header_length is not None:
+            n = int(header_length)
+            doc, binary = orjson.loads(view[:n]), view[n:]
+        else:
+            doc, binary = orjson.loads(view), view[:0]
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        raise PredictorInternal(f"unreadable V2 response: {exc}") from None
+    outputs = []
+    offset = 0
+    for item in doc.get("outputs") or []:
+        name, datatype = item["name"], item["datatype"]
+        where = f"predictor output {name!r}"
+        shape = check_shape(item.get("shape", []), where)
+        params = dict(item.get("parameters") or {})
+        size = params.pop("binary_data_size", None)
+        if size is not None:
+            data = from_raw(where, datatype, shape, binary[offset : offset + size])
+            offset += size
+        else:
+            data = from_values(where, datatype, shape, item.get("data", []))
+        params.pop("binary_data", None)
+        outputs.append(Tensor(name, datatype, shape, data, params))
+    return InferResponse(
+        model_name=doc.get("model_name", ""),
+        model_version=str(doc.get("model_version", "") or ""),
+        outputs=outputs,
+        id=doc.get("id", "") or "",
+        parameters=dict(doc.get("parameters") or {}),
+    )
+
+
+def metadata_from_json(doc: dict) -> ModelMetadata:
+    def specs(items: list) -> list[TensorSpec]:
+        return [TensorSpec(i["name"], i["datatype"], tuple(int(d) for d in i.get("shape", []))) for i in items or []]
+
+    return ModelMetadata(name=doc.get("name", ""), versions=[str(v) for v in doc.get("versions") or []],
+                         platform=doc.get("platform", ""), inputs=specs(doc.get("inputs")),
+                         outputs=specs(doc.get("outputs")))
+
+
+# -- V1 REST wire -------------------------------------------------------------
+def _v1_values(t: Tensor) -> Any:
+    arr = np.asarray(t.data)
+    if t.datatype == "BYTES":
+        flat = [v if isinstance(v, str) else _b64_or_text(v) for v in arr.reshape(-1)]
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return out.reshape(arr.shape).tolist()
+    if t.datatype == "FP16":
+        arr = arr.astype(np.float32)
+    return arr.tolist()
+
+
+def _b64_or_text(value: Any) -> Any:
+    raw = bytes(value)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"b64": base64.b64encode(raw).decode("ascii")}
+
+
+def encode_v1_request(request: InferRequest) -> dict:
+    """One input: ``instances``; several: columnar ``inputs`` keyed by name (both KServe V1)."""
+    if len(request.inputs) == 1:
+        return {"instances": _v1_values(request.inputs[0])}
+    return {"inputs": {t.name: _v1_values(t) for t in request.inputs}}
+
+
+def decode_v1_predictions(doc: Any, model: str, md: ModelMetadata) -> InferResponse:
+    if not isinstance(doc, dict) or "predictions" not in doc:
+        raise PredictorInternal("V1 response has no 'predictions'")
+    preds = doc["predictions"]
+    types = {s.name: s.datatype for s in md.outputs}
+    if preds and all(isinstance(p, dict) for p in preds):
+        columns = {k: [p.get(k) for p in preds] for k in preds[0]}
+    else:
+        columns = {md.outputs[0].name if md.outputs else "predictions": preds}
+    outputs = []
+    for name, values in columns.items():
+        arr = np.asarray(values, dtype=object)
+        datatype = types.get(name)
+        if datatype is None:
+            datatype = "BYTES" if arr.size and isinstance(arr.flat[0], str) else "FP32"
+        shape = tuple(arr.shape)
+        outputs.append(Tensor(name, datatype, shape, from_values(f"predictor output {name!r}", datatype, shape, values)))
+    return InferResponse(model_name=model, model_version="", outputs=outputs)
+
+
+# -- the client ---------------------------------------------------------------
+def split_host(host: str, use_ssl: bool) -> tuple[str, int]:
+    host = host.strip()
+    for scheme in ("http://", "https://"):
+        if host.startswith(scheme):
+            host = host[len(scheme):]
+    host = host.rstrip("/")
+    default = 443 if use_ssl else 80
+    if host.startswith("["):  # [v6]:port
+        addr, _, rest = host[1:].partition("]")
+        return addr, int(rest[1:]) if rest.startswith(":") else default
+    if host.count(":") == 1:
+        name, port = host.split(":")
+        return name, int(port)
+    return host, default
+
+
+class PredictorClient:
+    """Calls one predictor; safe to share across concurrent requests (pooled)."""
+
+    def __init__(self, host: str, protocol: str = "v2", *, use_ssl: bool = False, timeout: float = 60,
+                 retries: int = 2, model_name: str | None = None) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"predictor protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        if not host:
+            raise ValueError("predictor host is empty")
+        self.protocol = protocol
+        self.use_ssl = use_ssl
+        self.timeout = float(timeout)
+        self.retries = max(0, int(retries))
+        self.model_name = model_name
+        self.address, self.port = split_host(host, use_ssl)
+        hostport = f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+        self.target = hostport
+        self._http: Any = None
+        self._grpc: Any = None
+        self._metadata: dict[str, ModelMetadata] = {}
+        if protocol == "grpc-v2":
+            from .grpc_client import GrpcPredictor
+
+            self._grpc = GrpcPredictor(hostport, use_ssl, self.timeout, self.retries)
+        else:
+            import httpx
+
+            self._http = httpx.AsyncClient(
+                base_url=f"{'https' if use_ssl else 'http'}://{hostport}",
+                timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0)),
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=30),
+            )
+
+    def __repr__(self) -> str:
+        return f"PredictorClient({self.target!r}, {self.protocol!r})"
+
+    def _model(self, name: str) -> str:
+        return self.model_name or name
+
+    # -- transport with retries -------------------------------------------
+    async def _send(self, method: str, path: str, **kw: Any) -> Any:
+        import httpx
+
+        attempt = 0
+        while True:
+            try:
+                return await self._http.request(method, path, **kw)
+            except httpx.TimeoutException as exc:
+                if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+                    error: Exception = exc
+                else:
+                    raise PredictorTimeout(f"no answer from {self.target} within {self.timeout:g}s") from None
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                error = exc
+            if attempt >= self.retries:
+                raise PredictorUnavailable(
+                    f"unreachable at {self.target} ({type(error).__name__}: {error or 'no detail'})"
+                ) from None
+            await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+            attempt += 1
+
+    async def _checked(self, method: str, path: str, **kw: Any) -> Any:
+        resp = await self._send(method, path, **kw)
+        if resp.status_code >= 400:
+            raise error_from_http(resp.status_code, _http_message(resp))
+        return resp
+
+    @staticmethod
+    def _path(model: str, version: str = "") -> str:
+        from urllib.parse import quote
+
+        p = f"/v2/models/{quote(model, safe='')}"
+        return p + f"/versions/{quote(version, safe='')}" if version else p
+
+    # -- API --------------------------------------------------------------
+    async def live(self) -> bool:
+        try:
+            if self._grpc is not None:
+                return await self._grpc.live()
+            resp = await self._send("GET", "/v2/health/live" if self.protocol == "v2" else "/")
+            return resp.status_code == 200
+        except ServerError:
+            return False
+
+    async def ready(self, model: str) -> bool:
+        """Is the predictor's model ready? False (never an error) when it cannot be asked."""
+        model = self._model(model)
+        try:
+            if self._grpc is not None:
+                return await self._grpc.ready(model)
+            from urllib.parse import quote
+
+            path = f"/v1/models/{quote(model, safe='')}" if self.protocol == "v1" else self._path(model) + "/ready"
+            resp = await self._send("GET", path)
+            if resp.status_code != 200:
+                return False
+            return bool(resp.json().get("ready", True))
+        except (ServerError, ValueError):
+            return False
+
+    async def metadata(self, model: str, version: str = "") -> ModelMetadata:
+        model = self._model(model)
+        if self._grpc is not None:
+            md = await self._grpc.metadata(model, version)
+        else:
+            # ovserve (and KServe) predictors serve V2 metadata beside V1 on the same port.
+            resp = await self._checked("GET", self._path(model, version))
+            md = metadata_from_json(resp.json())
+        if not version:
+            self._metadata[model] = md
+        return md
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        model = self._model(request.model_name)
+        if self._grpc is not None:
+            return await self._grpc.infer(request, model)
+        if self.protocol == "v1":
+            doc = await self.v1_predict(model, encode_v1_request(request))
+            md = self._metadata.get(model) or await self.metadata(model)
+            resp = decode_v1_predictions(doc, model, md)
+            resp.id = request.id
+            return resp
+        body, header_len = encode_v2_request(request)
+        resp = await self._checked(
+            "POST", self._path(model, request.model_version) + "/infer", content=body,
+            headers={HEADER: str(header_len), "Content-Type": "application/octet-stream"},
+        )
+        return decode_v2_response(resp.content, resp.headers.get(HEADER))
+
+    async def v1_predict(self, model: str, body: dict) -> dict:
+        """KServe V1 ``:predict`` passthrough (REST protocols only)."""
+        if self._http is None:
+            raise Unsupported("V1 :predict needs a REST predictor (--predictor_protocol v1 or v2)")
+        from urllib.parse import quote
+
+        import orjson
+
+        resp = await self._checked(
+            "POST", f"/v1/models/{quote(self._model(model), safe='')}:predict",
+            content=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            return resp.json()
+        except ValueError:
+            raise PredictorInternal("V1 response is not JSON") from None
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+        if self._grpc is not None:
+            await self._grpc.close()
+
+    async def __aenter__(self) -> "PredictorClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+__all__ = [
+    "PredictorClient", "PredictorError", "PredictorUnavailable", "PredictorTimeout", "PredictorNotFound",
+    "PredictorInvalidInput", "PredictorInternal", "error_from_http", "error_from_grpc",
+]
