@@ -450,6 +450,8 @@ def create_app(explainer: Explainer, max_request_bytes: int = 1 << 30) -> Any:
         return json_response({"ready": ok}, 200 if ok else 503)
 
     async def v1_status(request: Request) -> Response:
+        if request.path_params["model"].endswith((":explain", ":predict")):  # GET on a POST-only verb
+            return error_response(405, f"method GET is not allowed on {request.url.path}")
         explainer.check_model(request.path_params["model"])
         ok = await explainer.ready()
         return json_response({"name": explainer.model_name, "ready": ok}, 200 if ok else 503)
