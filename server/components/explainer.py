@@ -392,7 +392,8 @@ def v1_body(e: Explanation) -> dict[str, Any]:
 
 
 def v2_response(e: Explanation, request_id: str = "") -> InferResponse:
-    """A V2 inference response: ``attributions``, ``target``, ``score`` (and ``heatmap_png``, base64) tensors."""
+    """A V2 inference response: ``attributions``, ``target``, ``score`` (and ``heatmap_png``, base64) tensors;
+    the summary (method, output, predictor_calls, perturbations) goes in the response ``parameters``."""
     n = len(e.targets)
     outputs = [
         Tensor("attributions", "FP32", tuple(e.attributions.shape), e.attributions),
@@ -401,8 +402,10 @@ def v2_response(e: Explanation, request_id: str = "") -> InferResponse:
     ]
     if e.heatmaps:
         data = np.array([base64.b64encode(p) for p in e.heatmaps], dtype=object)
-        outputs.append(Tensor("heatmap_png", "BYTES", (n,), data, {"content_type": "image/png", "encoding": "base64"}))
+        outputs.append(Tensor("heatmap_png", "BYTES", (n,), data))
     summary = {k: v for k, v in e.summary().items() if k != "parameters"}
+    if e.heatmaps:
+        summary["heatmap_png"] = "base64"  # each element: a base64 PNG (JSON strings cannot carry raw bytes)
     return InferResponse(model_name=e.model_name, model_version="", outputs=outputs, id=request_id,
                          parameters=summary)
 
