@@ -136,6 +136,9 @@ def predictor(tmp_path_factory) -> Iterator[ServerProcess]:
 def explainers(predictor) -> Iterator[dict[str, ExplainerProcess]]:
     names = ["linear", "linear_fixed", "region", "region_nchw", "two"]
     started = {n: ExplainerProcess(n, f"127.0.0.1:{predictor.rest_port}") for n in names}
+    started["linear@v1"] = ExplainerProcess("linear", f"127.0.0.1:{predictor.rest_port}", "--predictor_protocol", "v1")
+    started["linear@grpc-v2"] = ExplainerProcess("linear", f"127.0.0.1:{predictor.grpc_port}",
+                                                 "--predictor-protocol", "grpc-v2")
     try:
         yield {n: e.wait_ready() for n, e in started.items()}
     finally:
@@ -174,6 +177,15 @@ def test_tabular_ablation_is_exact_over_v1(explainers, model):
     # dynamic batch: 1 call for the two instances, 1 for each instance's 5 copies; fixed batch 1: one per copy
     assert body["predictor_calls"] == (3 if model == "linear" else 12)
     assert body["perturbations"] == 10
+
+
+@pytest.mark.parametrize("protocol", ["v1", "grpc-v2"])
+def test_every_predictor_protocol_gives_the_same_attributions(explainers, protocol):
+    r = requests.post(f"{explainers['linear@' + protocol].url}/v1/models/linear:explain",
+                      json={"instances": X.tolist(), "parameters": {"target": 2, "baseline": 1.0}}, timeout=30)
+    assert r.status_code == 200, r.text
+    got = np.array([e["attributions"] for e in r.json()["explanations"]])
+    np.testing.assert_allclose(got, W[:, 2] * (X - 1.0), rtol=1e-5, atol=1e-5)
 
 
 def test_tabular_target_and_baseline_over_v2(explainers):
