@@ -325,3 +325,33 @@ def test_predictor_down_is_503_within_seconds():
         assert explainer.proc.poll() is None
     finally:
         assert explainer.stop() == 0
+
+
+def test_the_operator_wiring_of_the_example_starts_the_explainer(predictor):
+    """examples/explainer/isvc.yaml through the operator's builders: the explainer's args parse, and run."""
+    import yaml
+
+    from ovserve.operator import manifests, validation
+    from ovserve.server.cli import build_parser
+
+    isvc = yaml.safe_load((Path(__file__).parents[1] / "examples/explainer/isvc.yaml").read_text())
+    isvc["metadata"].update(namespace="ml", uid="uid-cat", generation=1)
+    validation.check(isvc)
+    children = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, manifests.Config())}
+    (container,) = children[("Deployment", "cat-classifier-explainer")]["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    ns = build_parser().parse_args(args)
+    assert (ns.command, ns.model_name, ns.predictor_host) == ("explainer", "cat-classifier", "cat-classifier-predictor.ml")
+    assert ns.http_port == container["ports"][0]["containerPort"] and ns.predictor_protocol == "v2"
+    # The same args, pointed at a local predictor on an ephemeral port, serve explanations of its model.
+    local = dict(zip(args[1::2], args[2::2])) if len(args) % 2 else {}
+    assert local, args
+    explainer = ExplainerProcess("linear", f"127.0.0.1:{predictor.rest_port}",
+                                 *[x for k, v in local.items() if k not in ("--model_name", "--predictor_host", "--http_port")
+                                   for x in (k, v)])
+    try:
+        r = requests.post(f"{explainer.wait_ready().url}/v1/models/linear:explain", json={"instances": X[:1].tolist()},
+                          timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        explainer.stop()
