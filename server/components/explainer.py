@@ -272,7 +272,9 @@ class Explainer:
             maps.append(attr)
             if inp.kind == "image" and opts.heatmap:
                 pictures.append(saliency.heatmap_png(plan.instance, attr, opts.channels))
-        settings = {k: v for k, v in asdict(opts).items() if v is not None and k != "target"}
+        image_only = {"patch_size", "stride", "layout", "channels", "heatmap"}
+        settings = {k: v for k, v in asdict(opts).items()
+                    if v is not None and k != "target" and (inp.kind == "image" or k not in image_only)}
         return Explanation(
             model_name=self.model_name, kind=inp.kind, method=plans[0].kind if plans else "", output=output,
             targets=targets, scores=[float(base[i, t if width > 1 else 0]) for i, t in enumerate(targets)],
