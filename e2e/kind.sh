@@ -17,7 +17,7 @@ NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.35.8@sha256:07b2536e30b803ed61d167
 PYTHON=${PYTHON:-python3}
 NS=ovserve-e2e
 RELEASE_NS=ovserve-system
-TAG=e2e
+TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/ovserve/Chart.yaml)  # the tag the chart uses by default
 WORK=$(mktemp -d)
 
 log() { printf '\n== e2e: %s\n' "$*" >&2; }
@@ -53,18 +53,16 @@ kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --kubeconfig "$KUBEC
 
 log "images ovserve:$TAG and ovserve-operator:$TAG"
 REVISION=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-docker build -f Dockerfile.server -t "ovserve:$TAG" --build-arg REVISION="$REVISION" .
-docker build -f Dockerfile.operator -t "ovserve-operator:$TAG" --build-arg REVISION="$REVISION" .
+docker build -f Dockerfile.server -t "ovserve:$TAG" --build-arg VERSION="$TAG" --build-arg REVISION="$REVISION" .
+docker build -f Dockerfile.operator -t "ovserve-operator:$TAG" --build-arg VERSION="$TAG" --build-arg REVISION="$REVISION" .
 docker run --rm "ovserve:$TAG" --help >/dev/null
 docker run --rm "ovserve:$TAG" storage-initializer --help >/dev/null
 docker run --rm "ovserve-operator:$TAG" --help >/dev/null
 kind load docker-image "ovserve:$TAG" "ovserve-operator:$TAG" --name "$CLUSTER"
 
 log "helm install"
-helm install ovserve charts/ovserve --namespace "$RELEASE_NS" --create-namespace \
-    --set operator.image.tag="$TAG" --set operator.image.pullPolicy=Never \
-    --set server.image.tag="$TAG" --set server.image.pullPolicy=Never \
-    --wait --timeout 5m
+# exactly the README's command: the chart's default image tags are the ones just loaded
+helm install ovserve charts/ovserve --namespace "$RELEASE_NS" --create-namespace --wait --timeout 5m
 kubectl -n "$RELEASE_NS" rollout status deployment/ovserve-operator --timeout=180s
 
 log "model store and InferenceService"

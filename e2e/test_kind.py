@@ -77,6 +77,12 @@ def test_model_store_manifests_are_valid_kubernetes(version: str) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
+def test_model_store_runs_the_image_the_chart_deploys() -> None:
+    app_version = yaml.safe_load((ROOT / "charts/ovserve/Chart.yaml").read_text())["appVersion"]
+    (dep,) = [d for d in manifests("model-store.yaml") if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"ovserve:{app_version}"
+
+
 def test_isvc_is_accepted_by_the_crd() -> None:
     crd = yaml.safe_load((ROOT / "crds/serving.kserve.io_inferenceservices.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from . import models, tools
 
@@ -103,6 +104,16 @@ def test_non_root_labels_entrypoint(name: str) -> None:
         assert f"org.opencontainers.image.{key}=" in labels, key
     (entry,) = args_of(last, "ENTRYPOINT")
     assert entry == {"server": '["ovserve"]', "operator": '["ovserve-operator"]'}[name]
+
+
+def test_versions_agree() -> None:
+    """The images' VERSION label default, the chart's appVersion (its default image tag) and the package."""
+    import tomllib
+    package = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    app_version = yaml.safe_load((ROOT / "charts/ovserve/Chart.yaml").read_text())["appVersion"]
+    assert app_version == package
+    for path in DOCKERFILES.values():
+        assert args_of(final(path), "ARG")[0] == f"VERSION={package}"
 
 
 def test_server_ports_are_the_servers_and_the_operators() -> None:
