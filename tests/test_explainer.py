@@ -355,3 +355,29 @@ def test_the_operator_wiring_of_the_example_starts_the_explainer(predictor):
         assert r.status_code == 200, r.text
     finally:
         explainer.stop()
+
+
+def test_flags_take_kserve_and_dashed_names():
+    from ovserve.server.cli import build_parser
+
+    parse = build_parser().parse_args
+    a = parse(["explainer", "--model_name", "m", "--predictor_host", "p:81", "--http_port", "0",
+               "--predictor_use_ssl", "--predictor_request_timeout_seconds", "3"])
+    b = parse(["explainer", "--model-name", "m", "--predictor-host", "p:81", "--http-port", "0",
+               "--predictor-use-ssl", "true", "--predictor-request-timeout-seconds", "3"])
+    assert vars(a) == vars(b)
+    assert (a.model_name, a.predictor_host, a.http_port, a.predictor_use_ssl) == ("m", "p:81", 0, True)
+    assert parse(["explainer", "--model_name", "m", "--predictor_host", "p", "--predictor_use_ssl", "false"]).predictor_use_ssl is False
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--predictor_protocol", "v3"], "invalid choice"),
+    (["--max_concurrent_calls", "0"], "--max_concurrent_calls"),
+    (["--predictor_host", ":x"], "--predictor_host"),
+])
+def test_bad_flags_exit_with_a_message(args, message):
+    base = ["--model_name", "m", "--predictor_host", "127.0.0.1:1", "--http_port", "0", "--host", "127.0.0.1"]
+    proc = subprocess.run([sys.executable, "-m", "ovserve.server", "explainer", *base, *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr

@@ -563,11 +563,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     arg("model_name", required=True, metavar="MODEL", help="the model to explain (as the predictor names it)")
     arg("predictor_host", required=True, metavar="HOST[:PORT]", help="the predictor's address")
-    arg("predictor_protocol", default="v2", choices=["v1", "v2", "grpc-v2"],
+    arg("predictor_protocol", default=None, choices=["v1", "v2", "grpc-v2"],
         help="how to call the predictor (default v2: KServe V2 REST)")
-    arg("predictor_use_ssl", action="store_true", help="call the predictor over TLS")
+    arg("protocol", default=None, choices=["v1", "v2", "grpc-v2"], help="KServe's older name of --predictor_protocol")
+    arg("predictor_use_ssl", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
+        help="call the predictor over TLS (alone, or true/false)")
     arg("predictor_request_timeout_seconds", type=float, default=60.0, metavar="S",
         help="timeout of one predictor call (default 60)")
+    arg("predictor_request_retries", type=int, default=2, metavar="N",
+        help="retries when the predictor cannot be reached (default 2)")
+    arg("enable_predictor_health_check", action="store_true",
+        help="accepted for KServe manifests; the explainer is always ready only with the predictor")
     arg("http_port", type=int, default=8080, metavar="PORT", help="REST port; 0 picks a free one (logged)")
     arg("host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     arg("explain_timeout_seconds", type=float, default=60.0, metavar="S",
@@ -579,11 +585,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     arg("log_level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def main(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if ns.predictor_request_timeout_seconds <= 0 or ns.explain_timeout_seconds <= 0 or ns.max_concurrent_calls < 1:
-        log.error("timeouts must be positive and --max_concurrent_calls at least 1")
+    if ns.predictor_request_timeout_seconds <= 0 or ns.explain_timeout_seconds <= 0 or ns.max_concurrent_calls < 1 \
+            or ns.predictor_request_retries < 0:
+        log.error("timeouts must be positive, --max_concurrent_calls at least 1 and --predictor_request_retries >= 0")
         return 2
     return asyncio.run(serve(ns))
 
@@ -616,8 +632,14 @@ async def serve(ns: argparse.Namespace) -> int:
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
-    client = PredictorClient(ns.predictor_host, ns.predictor_protocol, use_ssl=ns.predictor_use_ssl,
-                             timeout=ns.predictor_request_timeout_seconds)
+    protocol = ns.predictor_protocol or ns.protocol or "v2"
+    try:
+        client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
+                                 timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries)
+    except ValueError as exc:
+        sock.close()
+        log.error("cannot start: --predictor_host %r: %s", ns.predictor_host, exc)
+        return 2
     explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
                           concurrency=ns.max_concurrent_calls)
     config = uvicorn.Config(create_app(explainer, ns.max_request_bytes), http="httptools", lifespan="off",
@@ -631,7 +653,7 @@ async def serve(ns: argparse.Namespace) -> int:
         return 1
     explainer.live = True
     log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
-    log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, ns.predictor_host, ns.predictor_protocol)
+    log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
     await stop.wait()
     log.info("shutting down")
     server.should_exit = True
