@@ -10,6 +10,7 @@ themselves are built by ``e2e/kind.sh``.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -146,7 +147,6 @@ def test_operator_port_is_its_health_port() -> None:
 def healthcheck_argv() -> list[str]:
     (check,) = args_of(final(DOCKERFILES["server"]), "HEALTHCHECK")
     exec_form = check[check.index("CMD ") + 4:]
-    import json
     argv = json.loads(exec_form)
     assert argv[0] == "python" and "/v2/health/live" in argv[-1]
     return [sys.executable, *argv[1:]]
@@ -229,3 +229,13 @@ def test_operator_requirements_line_reads_the_wheel(wheel: Path, tmp_path: Path)
     help_text = subprocess.run([str(env_dir / "bin/ovserve-operator"), "--help"], capture_output=True, text=True,
                                timeout=60, check=True).stdout
     assert "--server-image" in help_text
+
+
+@pytest.mark.parametrize("mode", ["serve", "storage-initializer", "transformer", "explainer"])
+def test_one_entrypoint_runs_every_component(mode: str) -> None:
+    """The server image's ENTRYPOINT is the `ovserve` console script; each component is a mode of it."""
+    (entry,) = args_of(final(DOCKERFILES["server"]), "ENTRYPOINT")
+    exe = Path(sys.executable).parent / json.loads(entry)[0]
+    result = subprocess.run([str(exe), mode, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: ovserve {mode}")
