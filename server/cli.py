@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .storage import add_parser as add_storage_parser
 
     add_storage_parser(sub)
+    from .components.transformer_server import add_parser as add_transformer_parser
+
+    add_transformer_parser(sub)
     from .components.explainer import add_parser as add_explainer_parser
 
     add_explainer_parser(sub)
@@ -146,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .storage import main as storage_main
 
         return storage_main(ns.src, ns.dest)
+    if ns.command == "transformer":
+        from .components.transformer_server import main as transformer_main
+
+        return transformer_main(ns)
     if ns.command == "explainer":
         from .components.explainer import main as explainer_main
 

@@ -91,11 +91,11 @@ class GrpcPredictor:
             await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
             attempt += 1
 
-    async def live(self) -> bool:
-        return (await self._call("ServerLive", pb.ServerLiveRequest())).live
+    async def live(self, timeout: float | None = None) -> bool:
+        return (await self._call("ServerLive", pb.ServerLiveRequest(), timeout)).live
 
-    async def ready(self, model: str) -> bool:
-        return (await self._call("ModelReady", pb.ModelReadyRequest(name=model))).ready
+    async def ready(self, model: str, timeout: float | None = None) -> bool:
+        return (await self._call("ModelReady", pb.ModelReadyRequest(name=model), timeout)).ready
 
     async def metadata(self, model: str, version: str = "") -> ModelMetadata:
         md = await self._call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version))

@@ -47,6 +47,8 @@ HEADER = "Inference-Header-Content-Length"
 PREFIX = "predictor: "
 #: Seconds before retry i (the last value repeats).
 BACKOFF = (0.1, 0.3, 0.6)
+#: Seconds a health or readiness question may take.
+HEALTH_TIMEOUT = 5.0
 
 
 # -- errors ------------------------------------------------------------------
@@ -341,8 +343,9 @@ class PredictorClient:
     async def live(self) -> bool:
         try:
             if self._grpc is not None:
-                return await self._grpc.live()
-            resp = await self._send("GET", "/v2/health/live" if self.protocol == "v2" else "/")
+                return await self._grpc.live(min(self.timeout, HEALTH_TIMEOUT))
+            resp = await self._send("GET", "/v2/health/live" if self.protocol == "v2" else "/",
+                                   timeout=min(self.timeout, HEALTH_TIMEOUT))
             return resp.status_code == 200
         except ServerError:
             return False
@@ -352,11 +355,11 @@ class PredictorClient:
         model = self._model(model)
         try:
             if self._grpc is not None:
-                return await self._grpc.ready(model)
+                return await self._grpc.ready(model, min(self.timeout, HEALTH_TIMEOUT))
             from urllib.parse import quote
 
             path = f"/v1/models/{quote(model, safe='')}" if self.protocol == "v1" else self._path(model) + "/ready"
-            resp = await self._send("GET", path)
+            resp = await self._send("GET", path, timeout=min(self.timeout, HEALTH_TIMEOUT))
             if resp.status_code != 200:
                 return False
             return bool(resp.json().get("ready", True))
