@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -94,10 +95,16 @@ def allowed(kube: Kube, sa: str, verb: str, group: str, resource: str, namespace
     return kube.create(f"/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get("allowed", False)
 
 
+# A refusal as the API server words it ("... is forbidden: User ...", reason Forbidden), as the
+# operator's ApiError and kopf's APIForbiddenError print it, and kopf's fallback warnings.
+REFUSED = re.compile(r"forbidden|API: 403\b|\bApiError\(403\b|code.{0,4}403\b|\b403\b.{0,3}(Forbidden|Client Error)"
+                     r"|Not enough permissions", re.I)
+
+
 def no_forbidden(op: Operator) -> None:
     log = op.logfile.read_text(errors="replace")
-    for word in ("403", "Forbidden", "forbidden", "Not enough permissions"):
-        assert word not in log, f"{word!r} in the operator log:\n{log[-4000:]}"
+    match = REFUSED.search(log)
+    assert not match, f"{match.group(0)!r} in the operator log:\n{log[-4000:]}"
 
 
 def reconciles(kube: Kube, ns: str) -> None:
