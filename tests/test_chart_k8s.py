@@ -187,3 +187,22 @@ def test_namespaced_install_grants_only_the_watched_namespaces(cluster: ControlP
     helm(cluster, "uninstall", "teams", "--namespace", RELEASE_NS, "--wait", "--timeout", "60s")
     eventually(lambda: not any(release_objects(kube, name, ["team-a", "team-b"]).values()),
                what="release objects removed")
+
+
+def test_upgrade_switches_between_rbac_modes(cluster: ControlPlane, kube: Kube) -> None:
+    kube.create("/api/v1/namespaces", {"metadata": {"name": "team-c"}})
+    install(cluster, kube, "switch")
+    name = "switch-ovserve-operator"
+    assert allowed(kube, name, "list", "apps", "deployments", "anywhere")
+
+    helm(cluster, "upgrade", "switch", str(CHART), "--namespace", RELEASE_NS, "--set", "watchNamespaces={team-c}")
+    eventually(lambda: not allowed(kube, name, "list", "apps", "deployments", "anywhere"),
+               what="cluster-wide grant on deployments withdrawn")
+    assert allowed(kube, name, "list", "apps", "deployments", "team-c")
+    args = kube.get(deploy_path(RELEASE_NS, name))["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-c" in args
+
+    helm(cluster, "upgrade", "switch", str(CHART), "--namespace", RELEASE_NS, "--reset-values")
+    eventually(lambda: kube.get(f"{RBAC}/namespaces/team-c/roles/{name}") is None, what="Role removed")
+    assert allowed(kube, name, "list", "apps", "deployments", "anywhere")
+    helm(cluster, "uninstall", "switch", "--namespace", RELEASE_NS, "--wait", "--timeout", "60s")
