@@ -150,7 +150,9 @@ def test_health_and_metadata(explainers):
     url = explainers["linear"].url
     assert requests.get(url + "/v2/health/live", timeout=5).json() == {"live": True}
     assert requests.get(url + "/v2/health/ready", timeout=5).json() == {"ready": True}
-    assert requests.get(url + "/v1/models/linear", timeout=5).json() == {"name": "linear", "ready": True}
+    status = requests.get(url + "/v1/models/linear", timeout=5).json()
+    assert status["name"] == "linear" and status["ready"] is True
+    assert requests.get(url + "/v2", timeout=5).json()["name"] == "ovserve-explainer"
     md = requests.get(url + "/v2/models/linear", timeout=5).json()
     assert md["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 5]}]
     assert requests.get(url + "/v2/models/linear/ready", timeout=5).status_code == 200

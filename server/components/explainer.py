@@ -37,9 +37,10 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 import numpy as np
 
 from .. import ports
-from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, ServerError, Unsupported
+from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
 from ..types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 from . import saliency
+from .transformer import Transformer, TransformerDataPlane
 
 log = logging.getLogger("ovserve.explainer")
 
@@ -191,35 +192,30 @@ class _Calls:
         self.planned, self.done = planned, 0
 
 
-class Explainer:
-    """The explainer's data plane: health, metadata, explain and predict, all through the predictor client."""
+class Explainer(TransformerDataPlane):
+    """The explainer's data plane: the transformer's, with the pass-through handler (health, the predictor's
+    metadata, infer and predict straight to the predictor; ready only while the predictor's model is), plus explain."""
 
-    def __init__(self, model_name: str, client: Any, *, timeout: float = 60.0, concurrency: int = 2) -> None:
-        self.model_name = model_name
+    def __init__(self, model_name: str, client: Any, *, timeout: float = 60.0, concurrency: int = 2,
+                 poll_interval: float = 1.0) -> None:
+        super().__init__(model_name, Transformer(), client, health_check=True, poll_interval=poll_interval)
         self.client = client
         self.timeout = timeout
         self.concurrency = max(1, concurrency)
-        self.live = False
 
-    def check_model(self, name: str) -> None:
+    def check_name(self, name: str) -> None:
         if name != self.model_name:
             raise NotFound(f"model {name!r} is not explained here; this explainer serves {self.model_name!r}")
 
-    async def ready(self) -> bool:
-        try:
-            return bool(await asyncio.wait_for(self.client.ready(self.model_name), 5.0))
-        except (ServerError, asyncio.TimeoutError, OSError):
-            return False
+    def server_metadata(self) -> dict[str, object]:
+        return {**super().server_metadata(), "name": "ovserve-explainer", "extensions": ["parameters", "explain"]}
 
     async def metadata(self) -> ModelMetadata:
+        """The predictor's metadata, asked afresh (an explanation must not use a stale input shape)."""
         return await self.client.metadata(self.model_name)
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        self.check_model(request.model_name)
-        return await self.client.infer(request)
-
     async def explain(self, request: InferRequest, params: Any) -> Explanation:
-        self.check_model(request.model_name)
+        self.check_name(request.model_name)
         opts = Options.parse(params, self.timeout)
         assert opts.timeout_seconds is not None
         started = time.monotonic()
@@ -431,122 +427,58 @@ def _png_reply(e: Explanation) -> Any:
                     headers={"Explain-Target": str(e.targets[0]), "Explain-Score": repr(e.scores[0])})
 
 
-def create_app(explainer: Explainer, max_request_bytes: int = 1 << 30) -> Any:
-    """The explainer's Starlette app; errors map through :mod:`ovserve.server.errors` as on the server."""
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
+def routes() -> list:
+    """The explain routes; the rest of the surface is the server's REST app over the explainer's data plane."""
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from ..errors import http_status
     from ..transports.rest.codec import HEADER, decode_infer_request, encode_infer_response, parse_json, \
-        v1_instances_to_request, v1_predictions
+        v1_instances_to_request
     from ..transports.rest.http import error_response, json_response, read_body
 
-    async def body_of(request: Request) -> bytes:
-        return await read_body(request, max_request_bytes)
-
-    async def live(request: Request) -> Response:
-        return json_response({"live": explainer.live}, 200 if explainer.live else 503)
-
-    async def ready(request: Request) -> Response:
-        ok = explainer.live and await explainer.ready()
-        return json_response({"ready": ok}, 200 if ok else 503)
-
-    async def v1_status(request: Request) -> Response:
-        if request.path_params["model"].endswith((":explain", ":predict")):  # GET on a POST-only verb
-            return error_response(405, f"method GET is not allowed on {request.url.path}")
-        explainer.check_model(request.path_params["model"])
-        ok = await explainer.ready()
-        return json_response({"name": explainer.model_name, "ready": ok}, 200 if ok else 503)
-
-    async def v2_metadata(request: Request) -> Response:
-        explainer.check_model(request.path_params["model"])
-        md = await explainer.metadata()
-        tensors = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]  # noqa: E731
-        return json_response({"name": md.name, "versions": md.versions, "platform": md.platform,
-                              "inputs": tensors(md.inputs), "outputs": tensors(md.outputs)})
-
-    async def v2_ready(request: Request) -> Response:
-        explainer.check_model(request.path_params["model"])
-        ok = await explainer.ready()
-        return json_response({"name": explainer.model_name, "ready": ok}, 200 if ok else 503)
-
-    async def v1_request(request: Request) -> tuple[InferRequest, Any]:
+    async def v1_explain(request: Request) -> Response:
+        if request.method != "POST":  # else the model-status route would take it, as model "M:explain"
+            return error_response(405, f"method {request.method} is not allowed on {request.url.path}")
+        explainer: Explainer = request.app.state.dataplane
         name = request.path_params["model"]
-        explainer.check_model(name)
-        doc = parse_json(await body_of(request))
+        explainer.check_name(name)
+        doc = parse_json(await read_body(request, request.app.state.max_request_bytes))
         if not isinstance(doc, dict):
             raise InvalidInput("request body must be a JSON object")
         md = await explainer.metadata()
-        return v1_instances_to_request(name, doc, md.inputs), doc.get("parameters")
-
-    async def v1_explain(request: Request) -> Response:
-        req, params = await v1_request(request)
-        e = await explainer.explain(req, params)
+        e = await explainer.explain(v1_instances_to_request(name, doc, md.inputs), doc.get("parameters"))
         return _png_reply(e) if _wants_png(request) else json_response(v1_body(e))
 
-    async def v1_predict(request: Request) -> Response:
-        req, _ = await v1_request(request)
-        return json_response(v1_predictions(await explainer.infer(req)))
-
-    async def v2_request(request: Request) -> InferRequest:
+    async def v2_explain(request: Request) -> Response:
+        explainer: Explainer = request.app.state.dataplane
         name = request.path_params["model"]
-        explainer.check_model(name)
-        body = await body_of(request)
-        return decode_infer_request(name, "", body, request.headers.get(HEADER))
-
-    def v2_reply(resp: InferResponse, req: InferRequest) -> Response:
-        payload, header_len = encode_infer_response(resp, req)
+        explainer.check_name(name)
+        body = await read_body(request, request.app.state.max_request_bytes)
+        req = decode_infer_request(name, "", body, request.headers.get(HEADER))
+        e = await explainer.explain(req, req.parameters)
+        if _wants_png(request):
+            return _png_reply(e)
+        payload, header_len = encode_infer_response(v2_response(e, req.id), req)
         if header_len is None:
             return Response(payload, media_type="application/json")
-        return Response(payload, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(header_len)})
+        return Response(payload, media_type="application/octet-stream", headers={HEADER: str(header_len)})
 
-    async def v2_explain(request: Request) -> Response:
-        req = await v2_request(request)
-        e = await explainer.explain(req, req.parameters)
-        return _png_reply(e) if _wants_png(request) else v2_reply(v2_response(e, req.id), req)
+    return [
+        Route("/v1/models/{model}:explain", v1_explain, methods=["GET", "POST"]),
+        Route("/v2/models/{model}/explain", v2_explain, methods=["POST"]),
+    ]
 
-    async def v2_infer(request: Request) -> Response:
-        req = await v2_request(request)
-        return v2_reply(await explainer.infer(req), req)
 
-    async def on_server_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ServerError)
-        status = http_status(exc)
-        if status >= 500 and status != 503:
-            log.error("%s %s: %s", request.method, request.url.path, exc.message)
-        return error_response(status, exc.message)
+def create_app(explainer: Explainer, max_request_bytes: int = 1 << 30) -> Any:
+    """The server's REST app (health, metadata, errors mapped once) over the explainer, with the transformer's
+    pass-through infer/predict routes and the explain routes in front."""
+    from ..transports.rest.app import create_app as rest_app
+    from .transformer_server import routes as passthrough_routes
 
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        if exc.status_code == 404:
-            return error_response(404, f"no route for {request.method} {request.url.path}")
-        if exc.status_code == 405:
-            return error_response(405, f"method {request.method} is not allowed on {request.url.path}")
-        return error_response(exc.status_code, str(exc.detail))
-
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}")
-
-    m = "/v2/models/{model}"
-    return Starlette(
-        routes=[
-            Route("/v2/health/live", live, methods=["GET"]),
-            Route("/v2/health/ready", ready, methods=["GET"]),
-            Route("/v1/models/{model}", v1_status, methods=["GET"]),
-            Route("/v1/models/{model}:explain", v1_explain, methods=["POST"]),
-            Route("/v1/models/{model}:predict", v1_predict, methods=["POST"]),
-            Route(m, v2_metadata, methods=["GET"]),
-            Route(m + "/ready", v2_ready, methods=["GET"]),
-            Route(m + "/explain", v2_explain, methods=["POST"]),
-            Route(m + "/infer", v2_infer, methods=["POST"]),
-        ],
-        exception_handlers={ServerError: on_server_error, HTTPException: on_http_error, Exception: on_unexpected},
-    )
+    app = rest_app(explainer, max_request_bytes)  # type: ignore[arg-type]
+    app.router.routes[0:0] = routes() + passthrough_routes()
+    return app
 
 
 # -- process ------------------------------------------------------------------
@@ -654,9 +586,13 @@ async def serve(ns: argparse.Namespace) -> int:
     explainer.live = True
     log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
     log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
+    await explainer.start()
     await stop.wait()
-    log.info("shutting down")
+    log.info("shutting down: no new requests, %gs for in-flight ones", ns.grace_period)
     server.should_exit = True
     await task
+    await explainer.stop()
     await client.aclose()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
     return 0
