@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -73,8 +74,9 @@ class Running:
         return self.popen.poll() is None
 
     def tail(self) -> str:
-        self._reader.join(2)
-        return "".join(f"    {line}" for line in list(self.lines)) or "    (no output)\n"
+        if not self.alive():
+            self._reader.join(2)  # the lines it wrote before exiting
+        return "".join(f"    {line}" for line in list(self.lines)).rstrip("\n") or "    (no output)"
 
     def signal(self, sig: int) -> None:
         if self.popen.poll() is None:
@@ -102,6 +104,23 @@ def _own_group_dying_with_parent() -> None:
     os.setpgid(0, 0)
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _load_failure(base: str, name: str) -> str:
+    """Why a model is not ready, from its V1 status (the OVMS states of each version)."""
+    try:
+        with urllib.request.urlopen(f"{base}/v1/models/{name}", timeout=5) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        return str(exc)
+    try:
+        versions = json.loads(body)["versions"]
+        return "; ".join(f"version {v['version']} {v['state']}: {v['status']['error_code']} "
+                         f"{v['status']['error_message']}" for v in versions) or "no version found"
+    except (ValueError, KeyError, TypeError):
+        return body.decode(errors="replace").strip()
 
 
 class Runner:
@@ -211,6 +230,20 @@ class Runner:
             self._wait_probe(r, Probe("tcp", proc.rest_port, budget=budget), started, "port")
         return r
 
+    def _model_loaded(self, r: Running) -> None:
+        """A server is ready once its first load is over, whatever its outcome (as OVMS): here, where a
+        user tries a model, a model that failed to load stops the run with the reason."""
+        name = self.isvc["metadata"]["name"]
+        base = f"http://{HOST}:{r.ports.rest}"
+        try:
+            with urllib.request.urlopen(f"{base}/v2/models/{name}/ready", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        raise RunError(f"{r.spec.label}: the model {name!r} did not load: {_load_failure(base, name)}; "
+                       f"its last lines:\n{r.tail()}")
+
     def _announce(self, component: Component, r: Running) -> None:
         line = f"{component.name}: http://{HOST}:{r.ports.rest}"
         if r.ports.grpc and self._wants_grpc(r.spec):
@@ -227,6 +260,8 @@ class Runner:
             r = self._main(component, predictor)
             if component.name == "predictor":
                 predictor = r
+                if r.spec.subcommand == "serve":
+                    self._model_loaded(r)
             self._announce(component, r)
         entry = next(r for r in self.running if r.spec.component == self.entry)
         name = self.isvc["metadata"]["name"]
@@ -276,29 +311,31 @@ def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None
     workdir = Path(tempfile.mkdtemp(prefix="ovserve-run-"))
     runner: Runner | None = None
     previous = {}
+    failure, code = "", 0
     try:
-        try:
-            isvc = prepare(load(ns.file))
-            components = plan(isvc, workdir)
-        except RunError as exc:
-            print(f"ovserve run: error: {exc}", file=err, flush=True)
-            return EXIT_USAGE
+        isvc = prepare(load(ns.file))
+        components = plan(isvc, workdir)
+    except RunError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"ovserve run: error: {exc}", file=err, flush=True)
+        return EXIT_USAGE
+    try:
         runner = Runner(isvc, components, ns.http_port, out, err)
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, runner.on_signal)
-        try:
-            runner.start()
-            runner.watch()
-        except Stopped:
-            pass
-        except RunError as exc:
-            print(f"ovserve run: error: {exc}", file=err, flush=True)
-            return EXIT_FAILED
-        print("ovserve run: stopping", file=err, flush=True)
-        return 0
+        runner.start()
+        runner.watch()
+    except Stopped:
+        pass
+    except RunError as exc:
+        failure, code = str(exc), EXIT_FAILED
     finally:
+        print("ovserve run: stopping", file=err, flush=True)
         if runner is not None:
             runner.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(workdir, ignore_errors=True)
+    if failure:  # last, after the logs of the shutdown, so it is what the user sees
+        print(f"ovserve run: error: {failure}", file=err, flush=True)
+    return code
