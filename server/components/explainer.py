@@ -252,15 +252,16 @@ class Explainer(TransformerDataPlane):
             calls.done += 1
             return rows
 
-        base = np.concatenate(await _bounded([_later(score, inp.tensor.data[a:a + chunk]) for a in range(0, n, chunk)],
-                                             self.concurrency))
+        base = np.concatenate(await _bounded(
+            [_later(score, lambda a=a: inp.tensor.data[a:a + chunk]) for a in range(0, n, chunk)], self.concurrency))
         targets = [opts.target if opts.target is not None else int(np.argmax(row)) for row in base]
         width = base.shape[1]
         if any(t >= width for t in targets):
             raise InvalidInput(f"parameter 'target' is {opts.target} but output {output!r} has {width} classes")
         maps, pictures = [], []
         for i, plan in enumerate(plans):
-            jobs = [_later(score, inp.to_model(plan.perturbed(a, min(a + chunk, plan.size))))
+            # Each batch of copies is made when its call starts: memory stays at concurrency x batch copies.
+            jobs = [_later(score, lambda a=a, plan=plan: inp.to_model(plan.perturbed(a, min(a + chunk, plan.size))))
                     for a in range(0, plan.size, chunk)]
             rows = np.concatenate(await _bounded(jobs, self.concurrency))
             t = targets[i] if width > 1 else 0
@@ -314,8 +315,10 @@ class Explainer(TransformerDataPlane):
         return saliency.softmax(rows) if opts.score == "softmax" else rows
 
 
-def _later(fn: Callable[[np.ndarray], Awaitable[np.ndarray]], arg: np.ndarray) -> Callable[[], Awaitable[np.ndarray]]:
-    return lambda: fn(arg)
+def _later(fn: Callable[[np.ndarray], Awaitable[np.ndarray]],
+           make: Callable[[], np.ndarray]) -> Callable[[], Awaitable[np.ndarray]]:
+    """A job that builds its batch only when it runs."""
+    return lambda: fn(make())
 
 
 async def _bounded(jobs: Sequence[Callable[[], Awaitable[np.ndarray]]], limit: int) -> list[np.ndarray]:
