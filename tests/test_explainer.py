@@ -208,6 +208,24 @@ def test_tabular_target_and_baseline_over_v2(explainers):
     assert body["parameters"]["predictor_calls"] == 1 + 3 + 3  # batches of 2: 5 copies -> 3 calls each
 
 
+def test_v2_explain_with_binary_tensors_in_and_out(explainers):
+    import json
+
+    header = json.dumps({"parameters": {"binary_data_output": True, "target": 0},
+                         "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 5],
+                                     "parameters": {"binary_data_size": X.nbytes}}]}).encode()
+    r = requests.post(f"{explainers['linear'].url}/v2/models/linear/explain", data=header + X.tobytes(),
+                      headers={"Inference-Header-Content-Length": str(len(header))}, timeout=30)
+    assert r.status_code == 200, r.text
+    size = int(r.headers["inference-header-content-length"])
+    doc = json.loads(r.content[:size])
+    out = {o["name"]: o for o in doc["outputs"]}
+    n = out["attributions"]["parameters"]["binary_data_size"]
+    assert n == X.size * 4 and doc["outputs"][0]["name"] == "attributions"
+    got = np.frombuffer(r.content[size:size + n], dtype="<f4").reshape(2, 5)
+    np.testing.assert_allclose(got, W[:, 0] * X, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("model", ["region", "region_nchw"])
 def test_image_occlusion_is_exact_and_has_a_heatmap(explainers, model):
     rng = np.random.default_rng(7)
