@@ -251,6 +251,8 @@ class Runner:
         print(line, file=self.out, flush=True)
 
     def start(self) -> None:
+        from ovserve.operator.pods import is_ovserve
+
         predictor: Running | None = None
         for component in self.components:
             for folder in component.folders:
@@ -260,7 +262,7 @@ class Runner:
             r = self._main(component, predictor)
             if component.name == "predictor":
                 predictor = r
-                if r.spec.subcommand == "serve":
+                if is_ovserve(self.isvc["spec"]["predictor"]):  # serves one model, named after the isvc
                     self._model_loaded(r)
             self._announce(component, r)
         entry = next(r for r in self.running if r.spec.component == self.entry)
