@@ -6,7 +6,7 @@ far cheaper than JSON numbers) or V2 gRPC (``grpc-v2``). ``host`` is ``host``
 or ``host:port`` as KServe's ``--predictor_host``; without a port, 80 (443 with
 TLS).
 
-- One keep-alive HTTP connection pool (httpx) or one gRPC channel per client,
+- One keep-alive HTTP connection pool (aiohttp) or one gRPC channel per client,
   never a connection per request.
 - Retries only when the predictor could not be reached (connection refused or
   reset before an answer, gRPC UNAVAILABLE), ``retries`` times with a short
@@ -249,6 +249,24 @@ def decode_v1_predictions(doc: Any, model: str, md: ModelMetadata) -> InferRespo
 
 
 # -- the client ---------------------------------------------------------------
+class _Reply:
+    """A predictor's HTTP answer, read whole."""
+
+    __slots__ = ("status_code", "headers", "content")
+
+    def __init__(self, status: int, headers: Any, content: bytes) -> None:
+        self.status_code, self.headers, self.content = status, headers, content
+
+    def json(self) -> Any:
+        import orjson
+
+        return orjson.loads(self.content)  # orjson.JSONDecodeError is a ValueError
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
 def split_host(host: str, use_ssl: bool) -> tuple[str, int]:
     host = host.strip()
     for scheme in ("http://", "https://"):
@@ -282,21 +300,14 @@ class PredictorClient:
         self.address, self.port = split_host(host, use_ssl)
         hostport = f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
         self.target = hostport
-        self._http: Any = None
+        self._http: Any = None  # an aiohttp.ClientSession, made on first use inside the event loop
         self._grpc: Any = None
         self._metadata: dict[str, ModelMetadata] = {}
+        self._base = f"{'https' if use_ssl else 'http'}://{hostport}"
         if protocol == "grpc-v2":
             from .grpc_client import GrpcPredictor
 
             self._grpc = GrpcPredictor(hostport, use_ssl, self.timeout, self.retries)
-        else:
-            import httpx
-
-            self._http = httpx.AsyncClient(
-                base_url=f"{'https' if use_ssl else 'http'}://{hostport}",
-                timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0)),
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=30),
-            )
 
     def __repr__(self) -> str:
         return f"PredictorClient({self.target!r}, {self.protocol!r})"
@@ -305,19 +316,34 @@ class PredictorClient:
         return self.model_name or name
 
     # -- transport with retries -------------------------------------------
-    async def _send(self, method: str, path: str, **kw: Any) -> Any:
-        import httpx
+    def _session(self) -> Any:
+        import aiohttp
 
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                self._base,
+                connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=30, ssl=None if self.use_ssl else False),
+                timeout=aiohttp.ClientTimeout(total=self.timeout, connect=min(self.timeout, 5.0)),
+                auto_decompress=True,
+            )
+        return self._http
+
+    async def _send(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> "_Reply":
+        import aiohttp
+
+        session = self._session()
+        limit = self.timeout if timeout is None else timeout
+        per_call = aiohttp.ClientTimeout(total=limit, connect=min(limit, 5.0))
         attempt = 0
         while True:
             try:
-                return await self._http.request(method, path, **kw)
-            except httpx.TimeoutException as exc:
-                if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
-                    error: Exception = exc
-                else:
-                    raise PredictorTimeout(f"no answer from {self.target} within {self.timeout:g}s") from None
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                async with session.request(method, path, timeout=per_call, **kw) as resp:
+                    return _Reply(resp.status, resp.headers, await resp.read())
+            except aiohttp.ConnectionTimeoutError as exc:
+                error: Exception = exc  # could not even connect in time: worth another try
+            except asyncio.TimeoutError:
+                raise PredictorTimeout(f"no answer from {self.target} within {limit:g}s") from None
+            except aiohttp.ClientConnectionError as exc:  # refused, reset, or closed before answering
                 error = exc
             if attempt >= self.retries:
                 raise PredictorUnavailable(
@@ -390,14 +416,14 @@ class PredictorClient:
             return resp
         body, header_len = encode_v2_request(request)
         resp = await self._checked(
-            "POST", self._path(model, request.model_version) + "/infer", content=body,
+            "POST", self._path(model, request.model_version) + "/infer", data=body,
             headers={HEADER: str(header_len), "Content-Type": "application/octet-stream"},
         )
         return decode_v2_response(resp.content, resp.headers.get(HEADER))
 
     async def v1_predict(self, model: str, body: dict) -> dict:
         """KServe V1 ``:predict`` passthrough (REST protocols only)."""
-        if self._http is None:
+        if self._grpc is not None:
             raise Unsupported("V1 :predict needs a REST predictor (--predictor_protocol v1 or v2)")
         from urllib.parse import quote
 
@@ -405,7 +431,7 @@ class PredictorClient:
 
         resp = await self._checked(
             "POST", f"/v1/models/{quote(self._model(model), safe='')}:predict",
-            content=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+            data=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
             headers={"Content-Type": "application/json"},
         )
         try:
@@ -415,7 +441,8 @@ class PredictorClient:
 
     async def aclose(self) -> None:
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
+            self._http = None
         if self._grpc is not None:
             await self._grpc.close()
 

@@ -268,7 +268,6 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
 def main(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per predictor call is too much
     try:
         handler = load_handler(ns.handler)
     except HandlerLoadError as exc:
