@@ -149,3 +149,43 @@ def test_too_many_calls_is_refused_before_calling(explainer, cat):
                       json={"instances": [cat.tolist()], "parameters": {"patch_size": 2, "batch_size": 8}}, timeout=60)
     assert r.status_code == 400, r.text
     assert "max_calls" in r.json()["error"] and "12544 perturbed copies" in r.json()["error"]
+
+
+def test_the_example_inferenceservice_runs_and_explains(predictor, cat, tmp_path):
+    """examples/explainer/isvc.yaml under `ovserve run` (the operator's pod specs as processes), model folder swapped."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    example = (Path(__file__).parents[1] / "examples/explainer/isvc.yaml").read_text()
+    repo = Path(predictor.args[predictor.args.index("--model-repository") + 1])
+    isvc = tmp_path / "isvc.yaml"
+    isvc.write_text(example.replace("file:///tmp/ovserve-demo/mobilenet_v2", (repo / "mobilenet_v2").as_uri()))
+    run = subprocess.Popen([sys.executable, "-m", "ovserve.server", "run", str(isvc)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(run.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        url = None
+        while url is None and time.monotonic() < deadline and run.poll() is None:
+            found = [m for m in (re.match(r"explainer: (http://\S+)", ln) for ln in list(lines)) if m]
+            url = found[0].group(1) if found else None
+            time.sleep(0.1)
+        assert url, "".join(lines)
+        r = requests.post(f"{url}/v1/models/cat-classifier:explain",
+                          json={"instances": [cat.tolist()], "parameters": PARAMS}, timeout=120)
+        assert r.status_code == 200, r.text
+        check_mass(np.asarray(r.json()["explanations"][0]["attributions"], dtype=np.float32))
+    finally:
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+        reader.join(5)
