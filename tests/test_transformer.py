@@ -32,6 +32,7 @@ HANDLERS = textwrap.dedent('''
     import asyncio
     import numpy as np
     from ovserve.server import Transformer
+    from ovserve.server.components.transformer import tensor
 
     class Double(Transformer):
         def preprocess(self, request, headers):           # sync: runs in a worker thread
@@ -61,6 +62,16 @@ HANDLERS = textwrap.dedent('''
 
     class NotAHandler:
         pass
+
+    class Both(Transformer):
+        """predict overridden: two predictor calls, x and -x, and extra outputs."""
+        async def predict(self, request, headers):
+            first = await self.predictor.infer(request)
+            request.inputs[0].data = -request.inputs[0].data
+            second = await self.predictor.infer(request)
+            first.outputs.append(tensor("y_neg", second.outputs[0].data))
+            first.outputs.append(tensor("note", [["two calls"]] * len(second.outputs[0].data)))
+            return first
 ''')
 
 
@@ -404,3 +415,60 @@ def test_sigterm_exits_zero_within_seconds(predictor: ServerProcess) -> None:
     assert proc.stop() == 0
     assert time.monotonic() - started < 10
     assert "stopped" in proc.output.text
+
+
+def test_predict_override_calls_the_predictor_twice(predictor: ServerProcess, handlers: Path) -> None:
+    proc = TransformerProcess("--handler", "handlers:Both", "--model_name", "matmul",
+                              "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
+                              env={"PYTHONPATH": str(handlers)}).wait_ready()
+    try:
+        w, b = models.matmul_weights()
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
+        doc = requests.post(proc.url + "/v2/models/matmul/infer", json=body, timeout=10).json()
+        out = {o["name"]: o for o in doc["outputs"]}
+        np.testing.assert_allclose(np.array(out["y"]["data"]).reshape(2, 4), X @ w + b, rtol=1e-5)
+        np.testing.assert_allclose(np.array(out["y_neg"]["data"]).reshape(2, 4), -X @ w + b, rtol=1e-5)
+        assert out["note"]["datatype"] == "BYTES" and out["note"]["data"] == ["two calls"] * 2
+        preds = requests.post(proc.url + "/v1/models/matmul:predict", json={"instances": X.tolist()},
+                              timeout=10).json()["predictions"]
+        assert [p["note"] for p in preds] == [["two calls"]] * 2
+        np.testing.assert_allclose(np.array([p["y_neg"] for p in preds]), -X @ w + b, rtol=1e-5)
+    finally:
+        assert proc.stop() == 0
+
+
+def test_concurrent_requests_through_one_transformer(transformer: TransformerProcess) -> None:
+    """64 requests, 8 at a time, each with its own input: every answer is its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> bool:
+        x = X + i
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": x.reshape(-1).tolist()}]}
+        with requests.Session() as session:
+            doc = session.post(transformer.url + "/v2/models/matmul/infer", json=body, timeout=30).json()
+        return np.allclose(np.array(doc["outputs"][0]["data"]).reshape(2, 4), expected(x), rtol=1e-5)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(one, range(64)))
+
+
+def test_predictor_that_hangs_is_a_504_not_a_hang(repo: Path) -> None:
+    slow = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT]).wait_ready()
+    proc = TransformerProcess("--model_name", "matmul", "--predictor_host", f"127.0.0.1:{slow.rest_port}",
+                              "--predictor_request_timeout_seconds", "1").wait_ready()
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
+    try:
+        slow.proc.send_signal(signal.SIGSTOP)  # accepts connections (the kernel does), never answers
+        started = time.monotonic()
+        resp = requests.post(proc.url + "/v2/models/matmul/infer", json=body, timeout=30)
+        assert resp.status_code == 504 and resp.json()["error"].startswith("predictor: "), resp.text
+        assert time.monotonic() - started < 5
+        slow.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while requests.post(proc.url + "/v2/models/matmul/infer", json=body, timeout=30).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        slow.proc.send_signal(signal.SIGCONT)
+        assert proc.stop() == 0
+        slow.stop()
