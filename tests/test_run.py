@@ -405,3 +405,38 @@ def test_an_invalid_isvc_is_refused_by_the_operators_validation(files: Path) -> 
     (files / "empty.yaml").write_text("kind: ConfigMap\n")
     _fails(files / "empty.yaml", 2, "expected one InferenceService, found 0")
     _fails(files / "missing.yaml", 2, "missing.yaml: No such file or directory")
+
+
+def test_a_server_that_dies_later_stops_the_run(demo: Path, files: Path) -> None:
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"))
+    try:
+        run.wait_ready()
+        (predictor,) = run.children()
+        os.kill(predictor, signal.SIGKILL)
+        code = run.wait_exit(30)
+    finally:
+        run.stop()
+    assert code == 1, run.output
+    assert "ovserve run: error: predictor: exited (exit code -9)" in run.output
+    assert not Path(run.workdir()).exists()
+
+
+def test_children_do_not_outlive_a_killed_run(demo: Path, files: Path) -> None:
+    """SIGKILL leaves ovserve run no chance to clean up: its children still get SIGTERM (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"))
+    try:
+        run.wait_ready()
+        children = run.children()
+        ports = list(run.urls["predictor"])
+    finally:
+        run.stop(signal.SIGKILL, group=False)
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert children and [pid for pid in children if alive(pid)] == []
+    assert [p for p in ports if not bindable(p)] == []
+    import shutil
+
+    shutil.rmtree(run.workdir(), ignore_errors=True)  # the one thing a killed run leaves behind

@@ -148,3 +148,24 @@ def test_the_examples_agree_on_the_model() -> None:
     one = yaml.safe_load((EXAMPLES / "classifier.yaml").read_text())["spec"]["predictor"]["model"]
     two = yaml.safe_load((EXAMPLES / "classifier-transformer.yaml").read_text())["spec"]["predictor"]["model"]
     assert one["storageUri"] == two["storageUri"] == "file:///tmp/ovserve-demo/mobilenet_v2"
+
+
+def test_the_explainer_example_is_wired_to_the_local_predictor(model_dir: Path, files: Path) -> None:
+    """examples/explainer/isvc.yaml: the explainer (no command: the image's entrypoint) explains the
+    classifier through the local predictor; the predictor stays the entry component."""
+    isvc = yaml.safe_load((EXAMPLES / "explainer/isvc.yaml").read_text())
+    isvc["spec"]["predictor"]["model"]["storageUri"] = f"file://{model_dir}"
+    run = OvserveRun(write(files, isvc))
+    try:
+        run.wait_ready()
+        assert list(run.urls) == ["predictor", "explainer"]
+        assert f"model: cat-classifier (POST http://{run.rest()}/v2/models/cat-classifier/infer)" in run.output
+        image = cv2.resize(cv2.cvtColor(skdata.chelsea(), cv2.COLOR_RGB2BGR), (224, 224))
+        r = requests.post(f"http://{run.rest('explainer')}/v1/models/cat-classifier:explain", timeout=60, json={
+            "instances": [image.tolist()], "parameters": {"patch_size": 112, "stride": 112, "score": "softmax"}})
+        assert r.status_code == 200, r.text
+        (explanation,) = r.json()["explanations"]
+        assert explanation["target"] == 285 and np.array(explanation["attributions"]).shape[:2] == (224, 224)
+    finally:
+        code, _ = run.stop()
+    assert code == 0, run.output
