@@ -532,8 +532,6 @@ def _bool(text: str) -> bool:
 def main(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if ns.log_level != "debug":  # one line per predictor call (and readiness poll) only when debugging
-        logging.getLogger("httpx").setLevel(logging.WARNING)
     if ns.predictor_request_timeout_seconds <= 0 or ns.explain_timeout_seconds <= 0 or ns.max_concurrent_calls < 1 \
             or ns.predictor_request_retries < 0:
         log.error("timeouts must be positive, --max_concurrent_calls at least 1 and --predictor_request_retries >= 0")
