@@ -239,3 +239,20 @@ def test_one_entrypoint_runs_every_component(mode: str) -> None:
     result = subprocess.run([str(exe), mode, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: ovserve {mode}")
+
+
+def test_operator_imports_only_what_its_image_installs() -> None:
+    """The operator image has the wheel without the server's runtime: the operator's modules may import
+    the standard library, each other, and the [operator] extra's packages (urllib3 comes with requests)."""
+    import ast
+    allowed = set(sys.stdlib_module_names) | {"kopf", "kubernetes", "requests", "urllib3"}
+    for path in (ROOT / "operator").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports {name}: not in the operator image"
