@@ -94,6 +94,8 @@ def test_jpeg_over_grpc(transformer: TransformerProcess, photos: dict[str, bytes
     inp = grpcclient.InferInput("image_bytes", [1], "BYTES")
     inp.set_data_from_numpy(np.array([photos["chelsea"]], dtype=object))
     result = client.infer("mobilenet_v2", [inp])
+    only = client.infer("mobilenet_v2", [inp], outputs=[grpcclient.InferRequestedOutput("labels")])
+    assert [o.name for o in only.get_response().outputs] == ["labels"]  # the client's choice of outputs holds
     check_top5([x.decode() for x in result.as_numpy("labels")[0]], result.as_numpy("probabilities")[0].tolist(),
                "Egyptian cat")
     client.close()

@@ -340,6 +340,9 @@ class TransformerDataPlane:
                              InferResponse, "outputs")
         resp.model_name = self.model_name
         resp.id = resp.id or request_id
+        if asked and all(name in {t.name for t in resp.outputs} for name in asked):
+            by_name = {t.name: t for t in resp.outputs}  # the outputs the client asked for, in its order
+            resp.outputs = [by_name[name] for name in asked]
         for t in resp.outputs:  # what the client asked of each output (binary_data) is for our encoder
             t.parameters = {k: v for k, v in t.parameters.items() if k not in ("binary_data", "binary_data_size")}
             t.parameters.update(asked.get(t.name, {}))
