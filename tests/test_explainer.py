@@ -307,6 +307,16 @@ def test_other_bad_requests_and_the_explainer_keeps_serving(explainers):
     _error(requests.post(f"{url}/v1/models/linear:explain", headers={"Accept": "image/png"},
                          json={"instances": X.tolist()}, timeout=10), 400, "image/png", "tabular")
     _error(requests.get(f"{url}/v1/models/linear:explain", timeout=10), 405)
+    region = explainers["region"].url
+    image = np.zeros((SIDE, SIDE, 3)).tolist()
+    _error(requests.post(f"{region}/v1/models/region:explain", headers={"Accept": "image/png"},
+                         json={"instances": [image, image]}, timeout=10), 400, "one image", "2 instances")
+    _error(requests.post(f"{region}/v1/models/region:explain", headers={"Accept": "image/png"},
+                         json={"instances": [image], "parameters": {"heatmap": False}}, timeout=10), 400, "'heatmap'")
+    _error(requests.post(f"{region}/v1/models/region:explain", json={"instances": [image], "parameters": {
+        "patch_size": 13}}, timeout=10), 400, "patch_size", "12x12")
+    _error(requests.post(f"{region}/v1/models/region:explain", json={"instances": [image], "parameters": {
+        "baseline": [1, 2]}}, timeout=10), 400, "baseline", "not a list")
     two = explainers["two"].url
     _error(requests.post(f"{two}/v1/models/two:explain", json={"instances": [{"a": [1] * 4, "b": [1] * 4}]},
                          timeout=10), 501, "2 inputs")

@@ -423,6 +423,8 @@ def _png_reply(e: Explanation) -> Any:
 
     if e.kind != "image":
         raise InvalidInput(f"Accept: image/png is for image inputs; model {e.model_name!r} takes tabular [N, F] input")
+    if not e.heatmaps and len(e.targets) == 1:
+        raise InvalidInput("Accept: image/png needs the heatmap; the request set parameter 'heatmap' to false")
     if len(e.heatmaps) != 1:
         raise InvalidInput(f"Accept: image/png answers one image; the request has {len(e.targets)} instances "
                            f"(send one, or ask for JSON)")
