@@ -63,6 +63,11 @@ HANDLERS = textwrap.dedent('''
     class NotAHandler:
         pass
 
+    class Sleepy(Transformer):
+        async def preprocess(self, request, headers):
+            await asyncio.sleep(1.0)
+            return request
+
     class Both(Transformer):
         """predict overridden: two predictor calls, x and -x, and extra outputs."""
         async def predict(self, request, headers):
@@ -472,3 +477,22 @@ def test_predictor_that_hangs_is_a_504_not_a_hang(repo: Path) -> None:
         slow.proc.send_signal(signal.SIGCONT)
         assert proc.stop() == 0
         slow.stop()
+
+
+def test_sigterm_lets_the_request_in_flight_finish(predictor: ServerProcess, handlers: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc = TransformerProcess("--handler", "handlers:Sleepy", "--model_name", "matmul",
+                              "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
+                              env={"PYTHONPATH": str(handlers)}).wait_ready()
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(requests.post, proc.url + "/v2/models/matmul/infer", json=body, timeout=30)
+        time.sleep(0.3)  # the request is inside the handler's sleep
+        started = time.monotonic()
+        assert proc.stop() == 0
+        resp = pending.result(30)
+    assert resp.status_code == 200, resp.text
+    np.testing.assert_allclose(np.array(resp.json()["outputs"][0]["data"]).reshape(2, 4), expected(X / 2) - 100,
+                               rtol=1e-5)
+    assert time.monotonic() - started < 10
