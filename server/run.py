@@ -37,6 +37,8 @@ PORT_BUDGET = 120.0  # seconds a server may take to bind its ports when no probe
 INIT_BUDGET = 600.0  # seconds an init container may run
 POLL = 0.1  # probes are polled this often, faster than their periodSeconds (docs/run.md)
 KEEP_LINES = 40
+#: Probes and status checks go straight to 127.0.0.1, never through an HTTP proxy from the environment.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
@@ -109,7 +111,7 @@ def _own_group_dying_with_parent() -> None:
 def _load_failure(base: str, name: str) -> str:
     """Why a model is not ready, from its V1 status (the OVMS states of each version)."""
     try:
-        with urllib.request.urlopen(f"{base}/v1/models/{name}", timeout=5) as resp:
+        with _HTTP.open(f"{base}/v1/models/{name}", timeout=5) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
         body = exc.read()
@@ -158,7 +160,11 @@ class Runner:
 
     def _died(self, r: Running, what: str) -> RunError:
         r.popen.wait(5)
-        return RunError(f"{r.spec.label}: {what} (exit code {r.popen.returncode}); its last lines:\n{r.tail()}")
+        tail = r.tail()
+        hint = ""
+        if self.http_port and r.spec.component == self.entry and "Address already in use" in tail:
+            hint = f" (--http-port {self.http_port} is taken: choose another, or leave it out for a free one)"
+        return RunError(f"{r.spec.label}: {what} (exit code {r.popen.returncode}){hint}; its last lines:\n{tail}")
 
     def _init(self, proc: Proc) -> None:
         r = self._start(proc, proc.argv)
@@ -198,7 +204,7 @@ class Runner:
             except OSError:
                 return False
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}{probe.path}", timeout=probe.timeout) as resp:
+            with _HTTP.open(f"http://{HOST}:{port}{probe.path}", timeout=probe.timeout) as resp:
                 return 200 <= resp.status < 400
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -236,7 +242,7 @@ class Runner:
         name = self.isvc["metadata"]["name"]
         base = f"http://{HOST}:{r.ports.rest}"
         try:
-            with urllib.request.urlopen(f"{base}/v2/models/{name}/ready", timeout=5) as resp:
+            with _HTTP.open(f"{base}/v2/models/{name}/ready", timeout=5) as resp:
                 if resp.status == 200:
                     return
         except (urllib.error.URLError, OSError):

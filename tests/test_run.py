@@ -46,10 +46,10 @@ def write(tmp: Path, isvc: dict) -> Path:
 
 
 class OvserveRun:
-    def __init__(self, file: Path, *args: str) -> None:
+    def __init__(self, file: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "ovserve.server", "run", str(file), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     text=True, start_new_session=True)
+                                     text=True, start_new_session=True, env={**os.environ, **(env or {})})
         self.lines: list[str] = []
         self.urls: dict[str, tuple[int, int | None]] = {}
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -179,8 +179,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def add_one(demo: Path, files: Path):
-    """examples/demo-add.yaml under ovserve run, shared by the read-only tests."""
-    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"))
+    """examples/demo-add.yaml under ovserve run, shared by the read-only tests. An HTTP proxy that
+    answers nothing is set: the probes of 127.0.0.1 must not go through it."""
+    dead = "http://127.0.0.1:9"
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"),
+                     env={"http_proxy": dead, "HTTP_PROXY": dead, "no_proxy": "", "NO_PROXY": ""})
     try:
         yield run.wait_ready()
     finally:
@@ -373,6 +376,17 @@ def test_a_crashing_predictor_stops_the_run_with_its_last_lines(demo: Path, file
     _fails(example("demo-add.yaml", files, f"file://{demo / 'add_one'}", args=["--no-such-flag"]), 1,
            "ovserve run: error: predictor: exited while starting (exit code 2)",
            "unrecognized arguments: --no-such-flag")
+
+
+def test_a_taken_http_port_is_named(demo: Path, files: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"), "--http-port", str(port))
+        assert run.wait_exit(60) == 1, run.output
+    assert f"predictor: exited while starting (exit code 1) (--http-port {port} is taken" in run.output
+    assert "Address already in use" in run.output
 
 
 def test_a_missing_model_folder_fails_in_the_init_container(files: Path, tmp_path: Path) -> None:
