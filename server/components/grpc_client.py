@@ -16,7 +16,8 @@ from ..proto import grpc_predict_v2_pb2 as pb
 from ..proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ..transports.grpc_v2.converters import CONTENTS_FIELD, params_from_pb, params_to_pb
 from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
-from .predictor import BACKOFF, PredictorTimeout, PredictorUnavailable, error_from_grpc
+from .predictor import BACKOFF
+from .predictor_errors import PredictorTimeout, PredictorUnavailable, error_from_grpc
 
 #: Reconnect quickly once the predictor is back (gRPC's default backoff grows to 120 s).
 CHANNEL_OPTIONS = [

@@ -20,232 +20,42 @@ TLS).
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from typing import Any
 
-import numpy as np
-
-from ..codecs.tensors import check_shape, from_raw, from_values, to_raw
-from ..errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InternalError,
-    InvalidInput,
-    NotFound,
-    PayloadTooLarge,
-    ServerError,
-    Unavailable,
-    Unsupported,
+from ..errors import ServerError, Unsupported
+from ..types import InferRequest, InferResponse, ModelMetadata
+from .predictor_errors import (  # noqa: F401  (re-exported: the client's errors live beside it)
+    PREFIX,
+    PredictorError,
+    PredictorFailedPrecondition,
+    PredictorInternal,
+    PredictorInvalidInput,
+    PredictorNotFound,
+    PredictorPayloadTooLarge,
+    PredictorTimeout,
+    PredictorUnavailable,
+    PredictorUnsupported,
+    _http_message,
+    error_from_grpc,
+    error_from_http,
 )
-from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
+from .rest_wire import (  # noqa: F401
+    HEADER,
+    decode_v1_predictions,
+    decode_v2_response,
+    encode_v1_request,
+    encode_v2_request,
+    metadata_from_json,
+)
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("v1", "v2", "grpc-v2")
-HEADER = "Inference-Header-Content-Length"
-PREFIX = "predictor: "
 #: Seconds before retry i (the last value repeats).
 BACKOFF = (0.1, 0.3, 0.6)
 #: Seconds a health or readiness question may take.
 HEALTH_TIMEOUT = 5.0
-
-
-# -- errors ------------------------------------------------------------------
-class PredictorError(ServerError):
-    """Mixin of every error that comes from the predictor; ``status`` is its HTTP status."""
-
-    status: int = 500
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message if message.startswith(PREFIX) else PREFIX + message)
-        if status is not None:
-            self.status = status
-
-
-class PredictorInvalidInput(PredictorError, InvalidInput):
-    status = 400
-
-
-class PredictorNotFound(PredictorError, NotFound):
-    status = 404
-
-
-class PredictorUnavailable(PredictorError, Unavailable):
-    status = 503
-
-
-class PredictorPayloadTooLarge(PredictorError, PayloadTooLarge):
-    status = 413
-
-
-class PredictorFailedPrecondition(PredictorError, FailedPrecondition):
-    status = 412
-
-
-class PredictorUnsupported(PredictorError, Unsupported):
-    status = 501
-
-
-class PredictorTimeout(PredictorError, DeadlineExceeded):
-    status = 504
-
-
-class PredictorInternal(PredictorError, InternalError):
-    status = 500
-
-
-_BY_HTTP: dict[int, type[PredictorError]] = {
-    c.status: c for c in (PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
-                          PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
-}
-_BY_GRPC: dict[str, type[PredictorError]] = {
-    "INVALID_ARGUMENT": PredictorInvalidInput,
-    "OUT_OF_RANGE": PredictorInvalidInput,
-    "NOT_FOUND": PredictorNotFound,
-    "UNAVAILABLE": PredictorUnavailable,
-    "RESOURCE_EXHAUSTED": PredictorPayloadTooLarge,
-    "FAILED_PRECONDITION": PredictorFailedPrecondition,
-    "UNIMPLEMENTED": PredictorUnsupported,
-    "DEADLINE_EXCEEDED": PredictorTimeout,
-}
-
-
-def error_from_http(status: int, message: str) -> PredictorError:
-    """The predictor's HTTP error as a ServerError with the same status (the nearest one for others)."""
-    klass = _BY_HTTP.get(status) or (PredictorInvalidInput if 400 <= status < 500 else PredictorInternal)
-    return klass(message, status)
-
-
-def error_from_grpc(code_name: str, message: str) -> PredictorError:
-    return _BY_GRPC.get(code_name, PredictorInternal)(message)
-
-
-def _http_message(resp: Any) -> str:
-    try:
-        doc = resp.json()
-        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-            return doc["error"]
-    except ValueError:
-        pass
-    text = resp.text.strip()
-    return text[:500] or f"HTTP {resp.status_code}"
-
-
-# -- V2 REST wire (client side) ----------------------------------------------
-def encode_v2_request(request: InferRequest) -> tuple[bytes, int]:
-    """Body and JSON header length: every input as binary, every output asked as binary."""
-    chunks: list[bytes] = []
-    inputs = []
-    for t in request.inputs:
-        raw = to_raw(np.asarray(t.data), t.datatype)
-        chunks.append(raw)
-        params = {k: v for k, v in t.parameters.items() if k not in ("binary_data_size", "binary_data")}
-        params["binary_data_size"] = len(raw)
-        inputs.append({"name": t.name, "datatype": t.datatype, "shape": list(np.shape(t.data)), "parameters": params})
-    doc: dict[str, Any] = {"inputs": inputs,
-                           "parameters": {**request.parameters, "binary_data_output": True}}
-    if request.id:
-        doc["id"] = request.id
-    if request.outputs:
-        doc["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}} for o in request.outputs]
-    import orjson
-
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    return b"".join([header, *chunks]), len(header)
-
-
-def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
-    view = memoryview(body)
-    import orjson
-
-    try:
-        if header_length is not None:
-            n = int(header_length)
-            doc, binary = orjson.loads(view[:n]), view[n:]
-        else:
-            doc, binary = orjson.loads(view), view[:0]
-    except (ValueError, orjson.JSONDecodeError) as exc:
-        raise PredictorInternal(f"unreadable V2 response: {exc}") from None
-    outputs = []
-    offset = 0
-    for item in doc.get("outputs") or []:
-        name, datatype = item["name"], item["datatype"]
-        where = f"predictor output {name!r}"
-        shape = check_shape(item.get("shape", []), where)
-        params = dict(item.get("parameters") or {})
-        size = params.pop("binary_data_size", None)
-        if size is not None:
-            data = from_raw(where, datatype, shape, binary[offset : offset + size])
-            offset += size
-        else:
-            data = from_values(where, datatype, shape, item.get("data", []))
-        params.pop("binary_data", None)
-        outputs.append(Tensor(name, datatype, shape, data, params))
-    return InferResponse(
-        model_name=doc.get("model_name", ""),
-        model_version=str(doc.get("model_version", "") or ""),
-        outputs=outputs,
-        id=doc.get("id", "") or "",
-        parameters=dict(doc.get("parameters") or {}),
-    )
-
-
-def metadata_from_json(doc: dict) -> ModelMetadata:
-    def specs(items: list) -> list[TensorSpec]:
-        return [TensorSpec(i["name"], i["datatype"], tuple(int(d) for d in i.get("shape", []))) for i in items or []]
-
-    return ModelMetadata(name=doc.get("name", ""), versions=[str(v) for v in doc.get("versions") or []],
-                         platform=doc.get("platform", ""), inputs=specs(doc.get("inputs")),
-                         outputs=specs(doc.get("outputs")))
-
-
-# -- V1 REST wire -------------------------------------------------------------
-def _v1_values(t: Tensor) -> Any:
-    arr = np.asarray(t.data)
-    if t.datatype == "BYTES":
-        flat = [v if isinstance(v, str) else _b64_or_text(v) for v in arr.reshape(-1)]
-        out = np.empty(len(flat), dtype=object)
-        out[:] = flat
-        return out.reshape(arr.shape).tolist()
-    if t.datatype == "FP16":
-        arr = arr.astype(np.float32)
-    return arr.tolist()
-
-
-def _b64_or_text(value: Any) -> Any:
-    raw = bytes(value)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"b64": base64.b64encode(raw).decode("ascii")}
-
-
-def encode_v1_request(request: InferRequest) -> dict:
-    """One input: ``instances``; several: columnar ``inputs`` keyed by name (both KServe V1)."""
-    if len(request.inputs) == 1:
-        return {"instances": _v1_values(request.inputs[0])}
-    return {"inputs": {t.name: _v1_values(t) for t in request.inputs}}
-
-
-def decode_v1_predictions(doc: Any, model: str, md: ModelMetadata) -> InferResponse:
-    if not isinstance(doc, dict) or "predictions" not in doc:
-        raise PredictorInternal("V1 response has no 'predictions'")
-    preds = doc["predictions"]
-    types = {s.name: s.datatype for s in md.outputs}
-    if preds and all(isinstance(p, dict) for p in preds):
-        columns = {k: [p.get(k) for p in preds] for k in preds[0]}
-    else:
-        columns = {md.outputs[0].name if md.outputs else "predictions": preds}
-    outputs = []
-    for name, values in columns.items():
-        arr = np.asarray(values, dtype=object)
-        datatype = types.get(name)
-        if datatype is None:
-            datatype = "BYTES" if arr.size and isinstance(arr.flat[0], str) else "FP32"
-        shape = tuple(arr.shape)
-        outputs.append(Tensor(name, datatype, shape, from_values(f"predictor output {name!r}", datatype, shape, values)))
-    return InferResponse(model_name=model, model_version="", outputs=outputs)
 
 
 # -- the client ---------------------------------------------------------------
@@ -455,5 +265,6 @@ class PredictorClient:
 
 __all__ = [
     "PredictorClient", "PredictorError", "PredictorUnavailable", "PredictorTimeout", "PredictorNotFound",
-    "PredictorInvalidInput", "PredictorInternal", "error_from_http", "error_from_grpc",
+    "PredictorInvalidInput", "PredictorInternal", "PredictorFailedPrecondition", "PredictorPayloadTooLarge",
+    "PredictorUnsupported", "PREFIX", "error_from_http", "error_from_grpc", "split_host",
 ]
