@@ -189,3 +189,30 @@ def test_the_example_inferenceservice_runs_and_explains(predictor, cat, tmp_path
             run.kill()
             run.wait()
         reader.join(5)
+
+
+def test_sigterm_lets_the_explanation_in_flight_finish(predictor, cat):
+    import signal
+    import threading
+
+    proc = base.ExplainerProcess("mobilenet_v2", f"127.0.0.1:{predictor.rest_port}").wait_ready()
+    result: dict = {}
+
+    def explain() -> None:  # 28 x 28 patches every 14 pixels: 225 copies, 8 calls; about a second of work
+        result["r"] = requests.post(f"{proc.url}/v1/models/mobilenet_v2:explain", timeout=60, json={
+            "instances": [cat.tolist()], "parameters": {"patch_size": 28, "stride": 14, "max_calls": 20}})
+
+    worker = threading.Thread(target=explain)
+    try:
+        worker.start()
+        time.sleep(0.3)
+        proc.proc.send_signal(signal.SIGTERM)
+        worker.join(60)
+        assert result["r"].status_code == 200, result["r"].text
+        assert result["r"].json()["perturbations"] == 225
+        assert proc.proc.wait(30) == 0
+        proc.output.join(5)
+        log = proc.output.text
+        assert log.index("shutting down") < log.index("explained mobilenet_v2"), log  # the signal came mid-way
+    finally:
+        proc.stop()
