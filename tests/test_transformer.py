@@ -228,6 +228,12 @@ def test_metadata_is_the_predictors(transformer: TransformerProcess, predictor: 
     status = requests.get(transformer.url + "/v1/models/matmul", timeout=10)
     assert status.status_code == 200 and status.json()["ready"] is True
     assert requests.get(transformer.url + "/v2/health/live", timeout=10).status_code == 200
+    assert requests.get(transformer.url + "/v2/models", timeout=10).json() == {"models": ["matmul"]}
+    # no repository of its own, and no explainer: clear 501s
+    index = requests.post(transformer.url + "/v2/repository/index", json={}, timeout=10)
+    assert index.status_code == 501 and "no model repository" in index.json()["error"]
+    explain = requests.post(transformer.url + "/v1/models/matmul:explain", json={"instances": [[0] * 8]}, timeout=10)
+    assert explain.status_code == 501
 
 
 # -- errors: the predictor's reach the client, marked ------------------------------

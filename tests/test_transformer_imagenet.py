@@ -140,3 +140,17 @@ def test_not_an_image_is_a_clear_400_and_serving_goes_on(transformer: Transforme
     resp = requests.post(transformer.url + "/v1/models/mobilenet_v2:predict",
                          json={"instances": [{"image_bytes": {"b64": b64}}]}, timeout=60)
     assert resp.json()["predictions"][0]["labels"][0] == "espresso"
+
+
+def test_jpeg_as_the_whole_body(transformer: TransformerProcess, photos: dict[str, bytes]) -> None:
+    """Inference-Header-Content-Length: 0 (Triton's form): the body is the one image; outputs come back binary."""
+    resp = requests.post(transformer.url + "/v2/models/mobilenet_v2/infer", data=photos["chelsea"],
+                         headers={"Inference-Header-Content-Length": "0"}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    n = int(resp.headers["Inference-Header-Content-Length"])
+    head = resp.json() if n == 0 else __import__("json").loads(resp.content[:n])
+    labels = next(o for o in head["outputs"] if o["name"] == "labels")
+    assert labels["parameters"]["binary_data_size"] > 0
+    first = resp.content[n:]
+    size = int.from_bytes(first[:4], "little")
+    assert first[4:4 + size].decode() == "Egyptian cat"

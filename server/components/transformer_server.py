@@ -244,14 +244,16 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
     if rest_task.done():
         log.error("cannot start: REST server stopped during start-up")
         return 1
-    dp.live = True
     log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
     if grpc_server is not None:
         log.info(ports.LISTENING, ports.GRPC, ns.host, grpc_port)
         await grpc_server.set_serving()
     log.info("transformer %s for model %r -> predictor %s (%s)%s", dp.handler_name, ns.model_name, client.target,
              protocol, ", ready only with the predictor" if ns.enable_predictor_health_check else "")
+    # Ask the predictor once before saying "live": metadata and readiness are known from
+    # the first request on (bounded: the readiness question has a 5 s limit).
     await dp.start()
+    dp.live = True
     await stop.wait()
     log.info("shutting down: no new requests, %gs for in-flight ones", ns.grace_period)
     rest.should_exit = True
