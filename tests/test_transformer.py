@@ -313,11 +313,22 @@ def test_handler_exception_is_a_500_naming_it(protocol: str, predictor: ServerPr
         assert "Traceback" not in msg
         v1 = requests.post(proc.url + "/v1/models/matmul:predict", json={"instances": X.tolist()}, timeout=10)
         assert v1.status_code == 500 and "Boom.preprocess" in v1.json()["error"]
-        # still serving; the handler sees the headers
+        # still serving; the handler sees the headers (gRPC: the call's metadata)
         ok = requests.post(proc.url + "/v2/models/matmul/infer", json=body, headers={"x-boom": "no"}, timeout=10)
         assert ok.status_code == 200, ok.text
         np.testing.assert_allclose(np.array(ok.json()["outputs"][0]["data"]).reshape(2, 4),
                                    expected(X / 2) - 100, rtol=1e-5)
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{proc.output.ports.grpc}")
+        inp = grpcclient.InferInput("x", [2, 8], "FP32")
+        inp.set_data_from_numpy(X)
+        with pytest.raises(InferenceServerException, match="Boom.preprocess"):
+            client.infer("matmul", [inp])
+        got = client.infer("matmul", [inp], headers={"x-boom": "no"}).as_numpy("y")
+        np.testing.assert_allclose(got, expected(X / 2) - 100, rtol=1e-5)
+        client.close()
     finally:
         assert proc.stop() == 0
 

@@ -29,6 +29,7 @@ REST and gRPC surface with the same transports.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib
 import importlib.util
 import inspect
@@ -49,6 +50,9 @@ from ..types import InferRequest, InferResponse, ModelMetadata, RequestedOutput,
 log = logging.getLogger("ovserve.transformer")
 
 Headers = Mapping[str, str]
+
+#: The gRPC invocation metadata of the call being served (set by the transformer's gRPC interceptor).
+GRPC_METADATA: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("grpc_metadata", default=None)
 
 __all__ = ["Transformer", "Tensor", "InferRequest", "InferResponse", "RequestedOutput", "HandlerError",
            "load_handler", "TransformerDataPlane", "tensor"]
@@ -329,7 +333,8 @@ class TransformerDataPlane:
 
     async def infer(self, request: InferRequest, headers: Headers | None = None) -> InferResponse:
         self.check_name(request.model_name)
-        headers = headers or {}
+        if headers is None:  # over gRPC: the call's metadata
+            headers = GRPC_METADATA.get() or {}
         asked = {o.name: o.parameters for o in request.outputs}
         request_id = request.id
         req = self._checked("preprocess", await self._stage("preprocess", self.handler.preprocess, request, headers),

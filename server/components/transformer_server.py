@@ -189,6 +189,20 @@ def routes() -> list:
     ]
 
 
+def _metadata_interceptor() -> Any:
+    """Hands each gRPC call's invocation metadata to the handler as its ``headers``."""
+    import grpc
+
+    from .transformer import GRPC_METADATA
+
+    class MetadataInterceptor(grpc.aio.ServerInterceptor):
+        async def intercept_service(self, continuation: Any, details: Any) -> Any:
+            GRPC_METADATA.set({k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)})
+            return await continuation(details)
+
+    return MetadataInterceptor()
+
+
 # -- the process ---------------------------------------------------------------
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -228,7 +242,7 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
         if ns.grpc_port is not None:
             from ..transports.grpc_v2.server import GrpcServer
 
-            grpc_server = GrpcServer(dp, ns.max_request_bytes)  # type: ignore[arg-type]
+            grpc_server = GrpcServer(dp, ns.max_request_bytes, [_metadata_interceptor()])  # type: ignore[arg-type]
             grpc_port = grpc_server.bind(ns.host, ns.grpc_port)
     except OSError as exc:
         log.error("cannot start: %s", exc)
