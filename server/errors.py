@@ -41,6 +41,10 @@ class Unsupported(ServerError):
     """A feature ovserve does not implement."""
 
 
+class DeadlineExceeded(ServerError):
+    """The work did not finish within its deadline (e.g. an explanation's predictor calls)."""
+
+
 class InternalError(ServerError):
     """A bug or a runtime failure; the message is safe to show."""
 
@@ -53,6 +57,7 @@ _TABLE: dict[type[ServerError], tuple[int, str]] = {
     PayloadTooLarge: (413, "RESOURCE_EXHAUSTED"),
     FailedPrecondition: (412, "FAILED_PRECONDITION"),
     Unsupported: (501, "UNIMPLEMENTED"),
+    DeadlineExceeded: (504, "DEADLINE_EXCEEDED"),
     InternalError: (500, "INTERNAL"),
     ServerError: (500, "INTERNAL"),
 }

