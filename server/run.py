@@ -49,8 +49,6 @@ class Stopped(Exception):
 class Running:
     """One started process: its log (streamed with a prefix, the last lines kept) and its bound ports."""
 
-    _out_lock = threading.Lock()
-
     def __init__(self, proc: Proc, argv: list[str], env: dict[str, str], out: IO[str]) -> None:
         self.spec, self.argv = proc, argv
         self.ports = BoundPorts()
@@ -68,9 +66,7 @@ class Running:
         for line in self.popen.stdout:
             self.lines.append(line)
             self.ports.feed(line)
-            with self._out_lock:
-                self._out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
-                self._out.flush()
+            _say(self._out, prefix + line.rstrip("\n"))  # never stops draining the pipe, or the child would block
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -91,6 +87,19 @@ class Running:
         self._reader.join(2)
         if self.popen.stdout is not None:
             self.popen.stdout.close()
+
+
+_say_lock = threading.Lock()
+
+
+def _say(stream: IO[str], line: str) -> None:
+    """One whole line, from any thread; a closed stream (``ovserve run | head``) is not an error."""
+    with _say_lock:
+        try:
+            stream.write(line + "\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 _PR_SET_PDEATHSIG = 1
@@ -254,7 +263,7 @@ class Runner:
         line = f"{component.name}: http://{HOST}:{r.ports.rest}"
         if r.ports.grpc and self._wants_grpc(r.spec):
             line += f" grpc://{HOST}:{r.ports.grpc}"
-        print(line, file=self.out, flush=True)
+        _say(self.out, line)
 
     def start(self) -> None:
         from ovserve.operator.pods import is_ovserve
@@ -273,8 +282,8 @@ class Runner:
             self._announce(component, r)
         entry = next(r for r in self.running if r.spec.component == self.entry)
         name = self.isvc["metadata"]["name"]
-        print(f"model: {name} (POST http://{HOST}:{entry.ports.rest}/v2/models/{name}/infer); "
-              "Ctrl-C stops everything", file=self.out, flush=True)
+        _say(self.out, f"model: {name} (POST http://{HOST}:{entry.ports.rest}/v2/models/{name}/infer); "
+             "Ctrl-C stops everything")
 
     # -- run and stop -------------------------------------------------------------
     def watch(self) -> None:
@@ -292,8 +301,7 @@ class Runner:
             try:
                 r.popen.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                print(f"ovserve run: {r.spec.label} ignored SIGTERM for {STOP_GRACE:.0f}s: killing it",
-                      file=self.err, flush=True)
+                _say(self.err, f"ovserve run: {r.spec.label} ignored SIGTERM for {STOP_GRACE:.0f}s: killing it")
                 r.signal(signal.SIGKILL)
                 r.popen.wait(5)
             r.finish()
@@ -325,7 +333,7 @@ def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None
         components = plan(isvc, workdir)
     except RunError as exc:
         shutil.rmtree(workdir, ignore_errors=True)
-        print(f"ovserve run: error: {exc}", file=err, flush=True)
+        _say(err, f"ovserve run: error: {exc}")
         return EXIT_USAGE
     try:
         runner = Runner(isvc, components, ns.http_port, out, err)
@@ -338,12 +346,12 @@ def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None
     except RunError as exc:
         failure, code = str(exc), EXIT_FAILED
     finally:
-        print("ovserve run: stopping", file=err, flush=True)
+        _say(err, "ovserve run: stopping")
         if runner is not None:
             runner.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(workdir, ignore_errors=True)
     if failure:  # last, after the logs of the shutdown, so it is what the user sees
-        print(f"ovserve run: error: {failure}", file=err, flush=True)
+        _say(err, f"ovserve run: error: {failure}")
     return code

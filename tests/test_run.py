@@ -4,8 +4,10 @@ name, --http-port, Ctrl-C and SIGTERM with every process and port freed, and the
 user meets, each with its reason. The helpers here are shared with test_run_transformer.py."""
 from __future__ import annotations
 
+import ctypes
 import io
 import os
+import select
 import re
 import signal
 import socket
@@ -45,11 +47,26 @@ def write(tmp: Path, isvc: dict) -> Path:
     return path
 
 
+def command(file: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "ovserve.server", "run", str(file), *args]
+
+
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def _session_dying_with_pytest() -> None:
+    """Its own session (a terminal's Ctrl-C goes to its process group alone), and SIGTERM if pytest
+    itself is killed, so an interrupted test run leaves no ``ovserve run`` behind."""
+    os.setsid()
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class OvserveRun:
     def __init__(self, file: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "ovserve.server", "run", str(file), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     text=True, start_new_session=True, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(command(file, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, preexec_fn=_session_dying_with_pytest,
+                                     env={**os.environ, **(env or {})})
         self.lines: list[str] = []
         self.urls: dict[str, tuple[int, int | None]] = {}
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -454,3 +471,39 @@ def test_children_do_not_outlive_a_killed_run(demo: Path, files: Path) -> None:
     import shutil
 
     shutil.rmtree(run.workdir(), ignore_errors=True)  # the one thing a killed run leaves behind
+
+
+def test_a_closed_output_is_no_failure(demo: Path, files: Path) -> None:
+    """`ovserve run FILE 2>&1 | head`: once the reader goes away, the run keeps serving and still stops cleanly."""
+    read, write_end = os.pipe()
+    proc = subprocess.Popen(command(example("demo-add.yaml", files, f"file://{demo / 'add_one'}")),
+                            stdout=write_end, stderr=write_end, stdin=subprocess.DEVNULL,
+                            preexec_fn=_session_dying_with_pytest)
+    os.close(write_end)
+    try:
+        out, deadline = b"", time.monotonic() + 60
+        while b"\nmodel: " not in b"\n" + out and time.monotonic() < deadline:
+            if select.select([read], [], [], 0.5)[0]:
+                chunk = os.read(read, 1 << 16)
+                if not chunk:
+                    break
+                out += chunk
+        os.close(read)  # from now on every write of ovserve run (and of its log relay) fails with EPIPE
+        port = re.search(rb"^predictor: http://127\.0\.0\.1:(\d+)", out, re.M)
+        assert port, out.decode(errors="replace")
+        children = [pid for pid, ppid in processes() if ppid == proc.pid]
+        for _ in range(3):
+            r = requests.post(f"http://127.0.0.1:{int(port.group(1))}/v1/models/add-one:predict",
+                              json={"instances": [[1, 1, 1, 1]]}, timeout=10)
+            assert r.json() == {"predictions": [[2.0, 2.0, 2.0, 2.0]]}
+    finally:
+        start = time.monotonic()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            code = proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0 and time.monotonic() - start < 10
+    assert children and [pid for pid in children if alive(pid)] == []
