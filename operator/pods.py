@@ -96,7 +96,9 @@ def ovserve_container(isvc: dict, cfg: "Config") -> tuple[dict, list[dict], list
 
 
 def _has_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
+    """``--model_name`` given by the user in either spelling (``--model-name`` too), alone or with ``=``."""
+    spellings = {flag, flag.replace("_", "-")}
+    return any(a.split("=", 1)[0] in spellings for a in args)
 
 
 def user_containers(isvc: dict, component: str) -> list[dict]:

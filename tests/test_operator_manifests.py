@@ -185,6 +185,13 @@ def test_user_wiring_flags_win() -> None:
     assert dig(deployment, f"{SERVER}.args") == ["--predictor_host=elsewhere:80", "--model_name", "m", "--http_port", "8080"]
 
 
+def test_user_wiring_flags_win_in_dashed_spelling_too() -> None:
+    isvc = load("transformer")
+    isvc["spec"]["transformer"]["containers"][0]["args"] = ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
+    deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}[(D, "classifier-transformer")]
+    assert dig(deployment, f"{SERVER}.args") == ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
+
+
 def test_stale_children() -> None:
     with_transformer = manifests.children(load("transformer"), CFG)
     isvc = load("transformer")

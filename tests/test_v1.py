@@ -143,3 +143,26 @@ def test_explain_without_explainer_is_501(server) -> None:
     resp = predict(server, "add", {"instances": f32(1, 16).tolist()}, verb="explain")
     assert resp.status_code == 501
     assert "no explainer configured" in resp.json()["error"]
+
+
+def test_predict_bytes_as_b64_objects(echo_server) -> None:
+    """KServe V1 / TF Serving carry binary values as {"b64": ...} (standard or URL-safe base64)."""
+    import base64
+
+    rows = [[b"\xff\x00a", b"", b"\xfb\xff", b"text"], [b"\x01\x02", b"b", b"c", b"d"]]
+    instances = [[{"b64": (base64.urlsafe_b64encode if i else base64.b64encode)(v).decode()} for v in row]
+                 for i, row in enumerate(rows)]
+    r = requests.post(f"{echo_server.url}/v1/models/echo_bytes:predict", json={"instances": instances}, timeout=30)
+    assert r.status_code == 200, r.text
+    # replies are text (V1 JSON has no bytes): the printable ones come back as they were sent
+    got = r.json()["predictions"]
+    assert got[0][3] == "text" and got[1][1] == "b" and got[1][0] == "\x01\x02"
+    assert got[0][0] == "\ufffd\x00a"  # 0xff is not UTF-8: the reply text says so (V1 has no bytes)
+
+
+@pytest.mark.parametrize(("value", "needle"), [({"b64": "!!!"}, "not valid base64"), ({"b": "AA=="}, "b64"),
+                                               ({"b64": 3}, "string")])
+def test_predict_bad_b64_objects_are_400(echo_server, value: dict, needle: str) -> None:
+    r = requests.post(f"{echo_server.url}/v1/models/echo_bytes:predict",
+                      json={"instances": [[value, "a", "b", "c"]]}, timeout=30)
+    assert r.status_code == 400 and needle in r.json()["error"], r.text

@@ -1,6 +1,9 @@
 """BYTES tensors: 4-byte little-endian length-prefixed framing, and conversions."""
 from __future__ import annotations
 
+import base64
+import binascii
+
 import struct
 
 import numpy as np
@@ -39,13 +42,33 @@ def pack(elements: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+def from_b64(text: object) -> bytes:
+    """KServe V1 / TF Serving binary JSON value ``{"b64": "..."}``: standard or URL-safe base64."""
+    if not isinstance(text, str):
+        raise ValueError('{"b64": ...} must hold a string')
+    raw = text.encode("ascii", "replace")
+    try:
+        return base64.b64decode(raw, validate=True)
+    except binascii.Error:
+        pass
+    try:
+        return base64.b64decode(raw + b"=" * (-len(raw) % 4), altchars=b"-_", validate=True)
+    except binascii.Error:
+        raise ValueError('{"b64": ...} is not valid base64') from None
+
+
 def as_bytes(item: object) -> bytes:
+    """One BYTES element from a JSON or protobuf value (str as UTF-8; {"b64": ...} decoded)."""
     if isinstance(item, bytes):
         return item
     if isinstance(item, str):
         return item.encode("utf-8")
     if isinstance(item, (bytearray, memoryview, np.bytes_)):
         return bytes(item)
+    if isinstance(item, dict):
+        if set(item) == {"b64"}:
+            return from_b64(item["b64"])
+        raise ValueError(f'an object in BYTES data must be {{"b64": "..."}}, got keys {sorted(item)}')
     return str(item).encode("utf-8")
 
 

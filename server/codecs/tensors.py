@@ -66,7 +66,10 @@ def from_values(where: str, datatype: str, shape: tuple[int, ...], values: Any) 
         arr = np.asarray(values, dtype=object)
         if arr.size != count:
             raise InvalidInput(f"{where}: shape {list(shape)} needs {count} elements, got {arr.size}")
-        flat = [bytes_tensor.as_bytes(v) for v in arr.reshape(-1)]
+        try:
+            flat = [bytes_tensor.as_bytes(v) for v in arr.reshape(-1)]
+        except ValueError as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
         return bytes_tensor.to_object_array(flat, shape)
     try:
         # Parse without a target dtype first, so that a cast can never silently
