@@ -12,10 +12,7 @@ import contextlib
 import gc
 import logging
 import signal
-import socket
-from typing import Iterator
 
-import uvicorn
 
 from . import ports
 from .codecs import images
@@ -27,16 +24,9 @@ from .repository.manager import ModelManager, Source
 from .runtime.openvino import LoadOptions
 from .transports.grpc_v2.server import GrpcServer
 from .transports.rest.app import create_app
+from .transports.rest.runner import RestServer, bind_socket
 
 log = logging.getLogger("ovserve")
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the process owns the signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def make_source(settings: Settings) -> Source:
@@ -62,16 +52,6 @@ def make_source(settings: Settings) -> Source:
     return SingleModelSource(settings.model_name, settings.model_path, options)
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
 class Server:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -81,31 +61,16 @@ class Server:
         self.grpc = GrpcServer(self.dataplane, settings.max_request_bytes)
         self.rest_port = 0
         self.grpc_port = 0
-        self._rest: _Uvicorn | None = None
-        self._rest_task: asyncio.Task | None = None
+        self._rest: RestServer | None = None
 
     async def start(self) -> None:
         s = self.settings
         sock = bind_socket(s.host, s.rest_port)
         self.rest_port = sock.getsockname()[1]
         self.grpc_port = self.grpc.bind(s.host, s.grpc_port)
-        config = uvicorn.Config(
-            create_app(self.dataplane, s.max_request_bytes),
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            timeout_graceful_shutdown=max(int(s.grace_period), 1),
-            timeout_keep_alive=75,
-        )
-        self._rest = _Uvicorn(config)
-        self._rest_task = asyncio.create_task(self._rest.serve(sockets=[sock]), name="ovserve-rest")
+        self._rest = RestServer(create_app(self.dataplane, s.max_request_bytes), s.grace_period)
         await self.grpc.start()
-        while not self._rest.started:
-            if self._rest_task.done():
-                self._rest_task.result()
-                raise RuntimeError("REST server stopped during start-up")
-            await asyncio.sleep(0.01)
+        await self._rest.start_on(sock)
         self.dataplane.live = True
         log.info(ports.LISTENING, ports.REST, s.host, self.rest_port)
         log.info(ports.LISTENING, ports.GRPC, s.host, self.grpc_port)
@@ -121,11 +86,9 @@ class Server:
     async def stop(self) -> None:
         grace = self.settings.grace_period
         log.info("shutting down: no new requests, %gs for in-flight ones", grace)
-        if self._rest is not None:
-            self._rest.should_exit = True
         await asyncio.gather(
             self.grpc.stop(grace),
-            self._rest_task if self._rest_task is not None else asyncio.sleep(0),
+            self._rest.drain() if self._rest is not None else asyncio.sleep(0),
             return_exceptions=True,
         )
         await self.manager.stop()

@@ -64,3 +64,38 @@ class ModelMetadata:
     platform: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class Dim:
+    """One dimension of a model input: ``lo == hi`` when static, ``hi == -1`` when unbounded."""
+
+    lo: int
+    hi: int
+
+    @property
+    def static(self) -> bool:
+        return self.lo == self.hi
+
+    def accepts(self, n: int) -> bool:
+        return n >= self.lo and (self.hi < 0 or n <= self.hi)
+
+    def __str__(self) -> str:
+        if self.static:
+            return str(self.lo)
+        if self.lo == 0 and self.hi < 0:
+            return "-1"
+        return f"{self.lo}:{'' if self.hi < 0 else self.hi}"
+
+
+@dataclass(frozen=True, slots=True)
+class PortInfo:
+    name: str
+    datatype: str
+    dims: tuple[Dim, ...]
+    index: int
+    layout: str = ""  # e.g. "NHWC"; empty when the model does not say
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.datatype, tuple(d.lo if d.static else -1 for d in self.dims))

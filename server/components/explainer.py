@@ -24,15 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import logging
 import math
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -541,31 +539,16 @@ def main(ns: argparse.Namespace) -> int:
     return asyncio.run(serve(ns))
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(512)
-    sock.setblocking(False)
-    return sock
-
-
 async def serve(ns: argparse.Namespace) -> int:
-    import uvicorn
-
+    from ..transports.rest.runner import RestServer, bind_socket
     from .predictor import PredictorClient
-
-    class _Uvicorn(uvicorn.Server):  # the process owns the signals
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        sock = _bind(ns.host, ns.http_port)
+        sock = bind_socket(ns.host, ns.http_port, backlog=512)
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -579,14 +562,11 @@ async def serve(ns: argparse.Namespace) -> int:
         return 2
     explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
                           concurrency=ns.max_concurrent_calls)
-    config = uvicorn.Config(create_app(explainer, ns.max_request_bytes), http="httptools", lifespan="off",
-                            access_log=False, log_config=None, timeout_graceful_shutdown=max(int(ns.grace_period), 1))
-    server = _Uvicorn(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if task.done():
-        task.result()
+    server = RestServer(create_app(explainer, ns.max_request_bytes), ns.grace_period)
+    try:
+        await server.start_on(sock, name="explainer-rest")
+    except Exception as exc:
+        log.error("cannot start: %s", exc)
         return 1
     explainer.live = True
     log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
@@ -594,8 +574,7 @@ async def serve(ns: argparse.Namespace) -> int:
     await explainer.start()
     await stop.wait()
     log.info("shutting down: no new requests, %gs for in-flight ones", ns.grace_period)
-    server.should_exit = True
-    await task
+    await server.drain()
     await explainer.stop()
     await client.aclose()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -36,7 +36,6 @@ import inspect
 import logging
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,7 +44,7 @@ import numpy as np
 from .. import __version__
 from ..codecs.datatypes import numpy_dtype, v2_datatype
 from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable, Unsupported
-from ..types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
+from ..types import Dim, InferRequest, InferResponse, ModelMetadata, PortInfo, RequestedOutput, Tensor, TensorSpec
 
 log = logging.getLogger("ovserve.transformer")
 
@@ -154,28 +153,6 @@ def load_handler(spec: str | None) -> Transformer:
 
 
 # -- the data plane ------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Dim:
-    lo: int
-    hi: int
-
-    @property
-    def static(self) -> bool:
-        return self.lo == self.hi
-
-    def accepts(self, n: int) -> bool:
-        return n >= self.lo and (self.hi < 0 or n <= self.hi)
-
-
-@dataclass(frozen=True, slots=True)
-class _Port:
-    """An input as the REST codec's headerless path reads it (name, datatype, dims)."""
-
-    name: str
-    datatype: str
-    dims: tuple[_Dim, ...]
-
-
 class _NoRepository:
     """The transformer has no model repository: the repository extension answers 501."""
 
@@ -288,10 +265,10 @@ class TransformerDataPlane:
         return [{"version": v, "state": state, "status": {"error_code": "OK", "error_message": ""}}
                 for v in (md.versions if md else [])]
 
-    def input_specs(self, name: str, version: str = "") -> list[_Port]:
+    def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
         md = self.model_metadata(name, version)
-        return [_Port(s.name, s.datatype, tuple(_Dim(d, d) if d >= 0 else _Dim(1, -1) for d in s.shape))
-                for s in md.inputs]
+        return [PortInfo(s.name, s.datatype, tuple(Dim(d, d) if d >= 0 else Dim(1, -1) for d in s.shape), i)
+                for i, s in enumerate(md.inputs)]
 
     def predictor_inputs(self) -> list[TensorSpec]:
         return list(self._metadata.inputs) if self._metadata else []

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import binascii
-import contextlib
 import logging
 import signal
-import socket
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from .. import ports
+from ..codecs import bytes_tensor
 from ..errors import InvalidInput
 from ..types import InferRequest, Tensor
 from .predictor import PROTOCOLS
@@ -106,13 +103,10 @@ def _column(name: str, values: list, spec_type: str | None) -> Tensor:
 
 
 def _b64(text: Any, where: str) -> bytes:
-    if not isinstance(text, str):
-        raise InvalidInput(f"{where}: 'b64' must be a string")
     try:
-        padded = text + "=" * (-len(text) % 4)
-        return base64.b64decode(padded, altchars=b"-_" if ("-" in text or "_" in text) else None, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidInput(f"{where}: 'b64' is not base64: {exc}") from None
+        return bytes_tensor.from_b64(text)
+    except ValueError as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
 
 
 def v1_request(model: str, doc: Any, dp: TransformerDataPlane) -> InferRequest:
@@ -204,26 +198,10 @@ def _metadata_interceptor() -> Any:
 
 
 # -- the process ---------------------------------------------------------------
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
 async def serve(ns: argparse.Namespace, handler: Any) -> int:
-    import uvicorn
-
     from ..transports.rest.app import create_app
+    from ..transports.rest.runner import RestServer, bind_socket
     from .predictor import PredictorClient
-
-    class _Uvicorn(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:  # the process owns the signals
-            yield
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -237,7 +215,7 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
     app = create_app(dp, ns.max_request_bytes)
     app.router.routes[0:0] = routes()
     try:
-        sock = _bind(ns.host, ns.http_port)
+        sock = bind_socket(ns.host, ns.http_port, backlog=1024)
         grpc_server = None
         if ns.grpc_port is not None:
             from ..transports.grpc_v2.server import GrpcServer
@@ -248,15 +226,13 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
         log.error("cannot start: %s", exc)
         await client.aclose()
         return 1
-    rest = _Uvicorn(uvicorn.Config(app, http="httptools", lifespan="off", access_log=False, log_config=None,
-                                   timeout_graceful_shutdown=max(int(ns.grace_period), 1), timeout_keep_alive=75))
-    rest_task = asyncio.create_task(rest.serve(sockets=[sock]), name="transformer-rest")
+    rest = RestServer(app, ns.grace_period)
     if grpc_server is not None:
         await grpc_server.start()
-    while not rest.started and not rest_task.done():
-        await asyncio.sleep(0.01)
-    if rest_task.done():
-        log.error("cannot start: REST server stopped during start-up")
+    try:
+        await rest.start_on(sock, name="transformer-rest")
+    except Exception as exc:
+        log.error("cannot start: %s", exc)
         return 1
     log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
     if grpc_server is not None:
@@ -270,9 +246,8 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
     dp.live = True
     await stop.wait()
     log.info("shutting down: no new requests, %gs for in-flight ones", ns.grace_period)
-    rest.should_exit = True
     await asyncio.gather(grpc_server.stop(ns.grace_period) if grpc_server is not None else asyncio.sleep(0),
-                         rest_task, return_exceptions=True)
+                         rest.drain(), return_exceptions=True)
     await dp.stop()
     await client.aclose()
     for sig in (signal.SIGTERM, signal.SIGINT):

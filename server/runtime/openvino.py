@@ -22,7 +22,7 @@ import openvino as ov
 
 from ..codecs.datatypes import OV_TO_V2
 from ..errors import FailedPrecondition, InternalError, InvalidInput
-from ..types import TensorSpec
+from ..types import Dim, PortInfo, TensorSpec  # noqa: F401  (Dim, PortInfo: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -35,41 +35,6 @@ def core() -> ov.Core:
     if _core is None:
         _core = ov.Core()
     return _core
-
-
-@dataclass(frozen=True, slots=True)
-class Dim:
-    """One dimension of a model input: ``lo == hi`` when static, ``hi == -1`` when unbounded."""
-
-    lo: int
-    hi: int
-
-    @property
-    def static(self) -> bool:
-        return self.lo == self.hi
-
-    def accepts(self, n: int) -> bool:
-        return n >= self.lo and (self.hi < 0 or n <= self.hi)
-
-    def __str__(self) -> str:
-        if self.static:
-            return str(self.lo)
-        if self.lo == 0 and self.hi < 0:
-            return "-1"
-        return f"{self.lo}:{'' if self.hi < 0 else self.hi}"
-
-
-@dataclass(frozen=True, slots=True)
-class PortInfo:
-    name: str
-    datatype: str
-    dims: tuple[Dim, ...]
-    index: int
-    layout: str = ""  # e.g. "NHWC"; empty when the model does not say
-
-    @property
-    def spec(self) -> TensorSpec:
-        return TensorSpec(self.name, self.datatype, tuple(d.lo if d.static else -1 for d in self.dims))
 
 
 @dataclass(slots=True)
