@@ -21,6 +21,7 @@ from .dataplane import DataPlane
 from .errors import InvalidInput
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
+from .runtime.memory import release_free_memory
 from .runtime.openvino import LoadOptions
 from .transports.grpc_v2.server import GrpcServer
 from .transports.rest.app import create_app
@@ -82,6 +83,7 @@ class Server:
         # again under load (the usual long-running-server practice; see docs/performance.md).
         gc.collect()
         gc.freeze()
+        release_free_memory()  # what start-up freed goes back to the OS
 
     async def stop(self) -> None:
         grace = self.settings.grace_period

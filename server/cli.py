@@ -177,10 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.serve_parser.error(str(exc))  # type: ignore[attr-defined]
     _configure_logging(settings.log_level)
-    from .runtime.memory import tune_allocator
+    from .runtime.memory import tune_allocator, without_unused_modules
 
     tune_allocator()  # before the server allocates anything sizeable (see runtime/memory.py)
-    from .app import serve  # heavy imports only when serving
+    with without_unused_modules():
+        from .app import serve  # heavy imports only when serving
 
     # OpenVINO's completion threads hand results back under the GIL; a shorter
     # switch interval than the default 5 ms lets them in sooner (measured in

@@ -9,6 +9,11 @@ Two things, both measured on the benchmark's idle server with ``add`` and
   treats that import as optional (it is wrapped in ``try/except ImportError``),
   so :func:`import_openvino` hides ``openvino.tools.ovc`` while OpenVINO
   imports. ``openvino.tools.ovc`` can still be imported explicitly afterwards.
+  :func:`without_unused_modules` does the same, while the server imports, for
+  the other optional imports of its dependencies that it never uses: uvicorn's
+  ``watchfiles`` (``--reload`` only) and Starlette's ``python_multipart`` (form
+  parsing), about 2 MiB; neither is a dependency of ovserve, but they are
+  installed beside it wherever the KServe SDK is (the test and bench venv).
 - Loading and compiling a model allocates and frees a lot on worker threads;
   glibc keeps those freed pages. :func:`release_free_memory` hands them back
   (``malloc_trim``) after models are loaded or unloaded: about 10 MiB.
@@ -22,37 +27,49 @@ heap's top returned to the kernel only past 64 MiB free) bring that to ~1.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import importlib.abc
 import logging
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
-_HIDDEN = "openvino.tools.ovc"
+#: Optional imports of the server's dependencies that it never uses (each is
+#: guarded by ``except ImportError`` / ``ModuleNotFoundError`` where it is imported).
+UNUSED = ("openvino.tools.ovc", "watchfiles", "python_multipart", "multipart")
 
 
-class _HideConverter(importlib.abc.MetaPathFinder):
+class _Hide(importlib.abc.MetaPathFinder):
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
     def find_spec(self, name: str, path: Any, target: Any = None) -> None:
-        if name == _HIDDEN:
-            raise ImportError(f"{_HIDDEN} is not needed to serve models")
+        if name in self.names:
+            raise ModuleNotFoundError(f"{name} is not needed to serve models", name=name)
         return None
+
+
+@contextlib.contextmanager
+def without_unused_modules(names: tuple[str, ...] = UNUSED) -> Iterator[None]:
+    """Within this block, importing one of ``names`` fails as if it were not installed."""
+    finder = _Hide(names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def import_openvino() -> ModuleType:
     """``import openvino`` without the model conversion tool (a no-op if already imported)."""
-    if "openvino" in sys.modules:
-        return sys.modules["openvino"]
-    finder = _HideConverter()
-    sys.meta_path.insert(0, finder)
-    try:
-        import openvino
-    finally:
-        sys.meta_path.remove(finder)
-    return openvino
+    if "openvino" not in sys.modules:
+        with without_unused_modules(("openvino.tools.ovc",)):
+            import openvino  # noqa: F401
+    return sys.modules["openvino"]
 
 
 def _libc() -> Any:
