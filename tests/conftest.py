@@ -27,12 +27,18 @@ from . import models
 EXACT = ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}']
 
 
-class ServerProcess:
-    """A running ``ovserve serve`` with its bound ports and captured log."""
+class ComponentProcess:
+    """A running ``python -m ovserve.server COMMAND ...`` with its bound ports and captured log.
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
-        self.args = [sys.executable, "-m", "ovserve.server", "serve", "--host", "127.0.0.1",
-                     "--rest-port", "0", "--grpc-port", "0", *args]
+    ``grpc``: whether the process announces a gRPC port too (what ``wait_ports`` waits for).
+    """
+
+    kind = "component"
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                 grpc: bool = True) -> None:
+        self.args = [sys.executable, "-m", "ovserve.server", *command]
+        self.grpc = grpc
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      env=full_env, cwd=cwd, text=True)
@@ -63,28 +69,32 @@ class ServerProcess:
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def wait_ports(self, timeout: float = 60) -> "ServerProcess":
+    def _bound(self) -> bool:
+        return self.output.ports.known.is_set() if self.grpc else bool(self.output.ports.rest)
+
+    def wait_ports(self, timeout: float = 60):
         deadline = time.monotonic() + timeout
-        while not self.output.ports.known.wait(0.05):
+        while not self._bound():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
+                raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{self.log}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"server did not bind its ports:\n{self.log}")
+                raise TimeoutError(f"{self.kind} did not bind its ports:\n{self.log}")
+            time.sleep(0.05)
         return self
 
-    def wait_ready(self, timeout: float = 60) -> "ServerProcess":
+    def wait_ready(self, timeout: float = 60):
         self.wait_ports(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if requests.get(self.url + "/v2/health/ready", timeout=2).status_code == 200:
+                if requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
                     return self
             except requests.ConnectionError:
                 pass
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
+                raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{self.log}")
             time.sleep(0.05)
-        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log}")
+        raise TimeoutError(f"{self.kind} not ready after {timeout}s:\n{self.log}")
 
     def wait_log(self, pattern: str, timeout: float = 30) -> str:
         deadline = time.monotonic() + timeout
@@ -106,6 +116,15 @@ class ServerProcess:
                 self.proc.wait()
         self.output.join(5)
         return self.proc.returncode
+
+
+class ServerProcess(ComponentProcess):
+    """A running ``ovserve serve`` on ephemeral ports."""
+
+    kind = "server"
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        super().__init__(["serve", "--host", "127.0.0.1", "--rest-port", "0", "--grpc-port", "0", *args], env, cwd)
 
 
 @pytest.fixture

@@ -13,8 +13,6 @@ attribution is computable by hand:
 from __future__ import annotations
 
 import base64
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,10 +27,9 @@ import openvino.opset13 as ops
 import pytest
 import requests
 
-from ovserve.server.ports import ServerLog
 
 from . import models
-from .conftest import EXACT, ServerProcess
+from .conftest import EXACT, ComponentProcess, ServerProcess
 
 W = np.array([[1.0, -2.0, 0.5],
               [3.0, 0.0, -1.0],
@@ -71,50 +68,20 @@ def region_model(nchw: bool = False) -> ov.Model:
     return ov.Model([y], [x], "region")
 
 
-class ExplainerProcess:
-    """A running ``ovserve explainer`` with its bound port (read from its log)."""
+class ExplainerProcess(ComponentProcess):
+    """A running ``ovserve explainer`` on an ephemeral REST port."""
+
+    kind = "explainer"
 
     def __init__(self, model: str, predictor: str, *extra: str) -> None:
-        self.args = [sys.executable, "-m", "ovserve.server", "explainer", "--model_name", model,
-                     "--predictor_host", predictor, "--http_port", "0", "--host", "127.0.0.1", *extra]
-        self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ})
-        assert self.proc.stderr is not None
-        self.output = ServerLog(self.proc.stderr)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.output.ports.rest}"
+        super().__init__(["explainer", "--model_name", model, "--predictor_host", predictor,
+                          "--http_port", "0", "--host", "127.0.0.1", *extra], grpc=False)
 
     def wait_port(self, timeout: float = 30) -> "ExplainerProcess":
-        deadline = time.monotonic() + timeout
-        while not self.output.ports.rest:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"explainer exited with {self.proc.returncode}:\n{self.output.text}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"explainer did not bind its port:\n{self.output.text}")
-            time.sleep(0.05)
-        return self
+        return self.wait_ports(timeout)
 
     def wait_ready(self, timeout: float = 30) -> "ExplainerProcess":
-        self.wait_port(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if requests.get(self.url + "/v2/health/ready", timeout=10).status_code == 200:
-                return self
-            time.sleep(0.1)
-        raise TimeoutError(f"explainer not ready:\n{self.output.text}")
-
-    def stop(self, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.output.join(5)
-        return self.proc.returncode
+        return super().wait_ready(timeout)
 
 
 @pytest.fixture(scope="module")

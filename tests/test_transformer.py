@@ -23,10 +23,9 @@ import numpy as np
 import pytest
 import requests
 
-from ovserve.server.ports import ServerLog
 
 from . import models
-from .conftest import EXACT, ServerProcess
+from .conftest import EXACT, ComponentProcess, ServerProcess
 
 HANDLERS = textwrap.dedent('''
     import asyncio
@@ -80,46 +79,16 @@ HANDLERS = textwrap.dedent('''
 ''')
 
 
-class TransformerProcess:
-    """A running ``ovserve transformer`` with its bound ports (read from its log)."""
+class TransformerProcess(ComponentProcess):
+    """A running ``ovserve transformer`` on ephemeral ports (REST and gRPC)."""
+
+    kind = "transformer"
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "ovserve.server", "transformer", "--host", "127.0.0.1",
-                     "--http_port", "0", "--grpc_port", "0", *args]
-        self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, **(env or {})})
-        assert self.proc.stderr is not None
-        self.output = ServerLog(self.proc.stderr)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.output.ports.rest}"
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.output.ports.grpc}"
+        super().__init__(["transformer", "--host", "127.0.0.1", "--http_port", "0", "--grpc_port", "0", *args], env)
 
     def wait_ready(self, timeout: float = 30) -> "TransformerProcess":
-        deadline = time.monotonic() + timeout
-        while not self.output.ports.known.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"transformer did not start ({self.proc.poll()}):\n{self.output.text}")
-        while time.monotonic() < deadline:
-            if requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
-                return self
-            time.sleep(0.05)
-        raise TimeoutError(f"transformer not ready:\n{self.output.text}")
-
-    def stop(self, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.output.join(5)
-        return self.proc.returncode
+        return super().wait_ready(timeout)
 
 
 def expected(x: np.ndarray) -> np.ndarray:
