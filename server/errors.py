@@ -66,16 +66,17 @@ HTTP_STATUS: dict[type[ServerError], int] = {k: v[0] for k, v in _TABLE.items()}
 GRPC_STATUS: dict[type[ServerError], str] = {k: v[1] for k, v in _TABLE.items()}
 
 
-def _lookup(err: ServerError) -> tuple[int, str]:
-    for klass in type(err).__mro__:
-        if klass in _TABLE:
-            return _TABLE[klass]  # type: ignore[index]
+def statuses(klass: type[ServerError]) -> tuple[int, str]:
+    """(REST status, gRPC code name) of an error class: its own row, or its nearest base's."""
+    for base in klass.__mro__:
+        if base in _TABLE:
+            return _TABLE[base]  # type: ignore[index]
     return _TABLE[ServerError]
 
 
 def http_status(err: ServerError) -> int:
-    return _lookup(err)[0]
+    return statuses(type(err))[0]
 
 
 def grpc_status(err: ServerError) -> str:
-    return _lookup(err)[1]
+    return statuses(type(err))[1]

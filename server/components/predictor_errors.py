@@ -18,68 +18,58 @@ from ..errors import (
     ServerError,
     Unavailable,
     Unsupported,
+    statuses,
 )
 
 PREFIX = "predictor: "
 
 
 class PredictorError(ServerError):
-    """Mixin of every error that comes from the predictor; ``status`` is its HTTP status."""
-
-    status: int = 500
+    """Mixin of every error that comes from the predictor; ``status`` is its HTTP status
+    (the predictor's own, or the class's row of the error table)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message if message.startswith(PREFIX) else PREFIX + message)
-        if status is not None:
-            self.status = status
+        self.status = status if status is not None else statuses(type(self))[0]
 
 
 class PredictorInvalidInput(PredictorError, InvalidInput):
-    status = 400
+    pass
 
 
 class PredictorNotFound(PredictorError, NotFound):
-    status = 404
+    pass
 
 
 class PredictorUnavailable(PredictorError, Unavailable):
-    status = 503
+    pass
 
 
 class PredictorPayloadTooLarge(PredictorError, PayloadTooLarge):
-    status = 413
+    pass
 
 
 class PredictorFailedPrecondition(PredictorError, FailedPrecondition):
-    status = 412
+    pass
 
 
 class PredictorUnsupported(PredictorError, Unsupported):
-    status = 501
+    pass
 
 
 class PredictorTimeout(PredictorError, DeadlineExceeded):
-    status = 504
+    pass
 
 
 class PredictorInternal(PredictorError, InternalError):
-    status = 500
+    pass
 
 
-_BY_HTTP: dict[int, type[PredictorError]] = {
-    c.status: c for c in (PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
-                          PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
-}
-_BY_GRPC: dict[str, type[PredictorError]] = {
-    "INVALID_ARGUMENT": PredictorInvalidInput,
-    "OUT_OF_RANGE": PredictorInvalidInput,
-    "NOT_FOUND": PredictorNotFound,
-    "UNAVAILABLE": PredictorUnavailable,
-    "RESOURCE_EXHAUSTED": PredictorPayloadTooLarge,
-    "FAILED_PRECONDITION": PredictorFailedPrecondition,
-    "UNIMPLEMENTED": PredictorUnsupported,
-    "DEADLINE_EXCEEDED": PredictorTimeout,
-}
+_CLASSES = (PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
+            PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
+#: the predictor's HTTP status or gRPC code -> the class with that row in the error table
+_BY_HTTP: dict[int, type[PredictorError]] = {statuses(c)[0]: c for c in _CLASSES}
+_BY_GRPC: dict[str, type[PredictorError]] = {statuses(c)[1]: c for c in _CLASSES} | {"OUT_OF_RANGE": PredictorInvalidInput}
 
 
 def error_from_http(status: int, message: str) -> PredictorError:
