@@ -34,6 +34,8 @@ class ComponentProcess:
     """
 
     kind = "component"
+    #: seconds to bind the ports and to become ready
+    timeout: float = 60
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
                  grpc: bool = True) -> None:
@@ -72,8 +74,8 @@ class ComponentProcess:
     def _bound(self) -> bool:
         return self.output.ports.known.is_set() if self.grpc else bool(self.output.ports.rest)
 
-    def wait_ports(self, timeout: float = 60):
-        deadline = time.monotonic() + timeout
+    def wait_ports(self, timeout: float | None = None):
+        deadline = time.monotonic() + (timeout or self.timeout)
         while not self._bound():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{self.log}")
@@ -82,7 +84,8 @@ class ComponentProcess:
             time.sleep(0.05)
         return self
 
-    def wait_ready(self, timeout: float = 60):
+    def wait_ready(self, timeout: float | None = None):
+        timeout = timeout or self.timeout
         self.wait_ports(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -125,6 +128,23 @@ class ServerProcess(ComponentProcess):
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         super().__init__(["serve", "--host", "127.0.0.1", "--rest-port", "0", "--grpc-port", "0", *args], env, cwd)
+
+
+#: Real photos from scikit-image and what the ImageNet classifier must call them.
+PHOTOS = {"chelsea": "Egyptian cat", "coffee": "espresso"}
+
+
+@pytest.fixture(scope="session")
+def photos() -> dict[str, bytes]:
+    """``PHOTOS`` as JPEG files (BGR pixels, OpenCV's order), as a user would send them."""
+    cv2 = pytest.importorskip("cv2")
+    skdata = pytest.importorskip("skimage.data")
+    out = {}
+    for name in PHOTOS:
+        ok, buf = cv2.imencode(".jpg", cv2.cvtColor(getattr(skdata, name)(), cv2.COLOR_RGB2BGR))
+        assert ok
+        out[name] = buf.tobytes()
+    return out
 
 
 @pytest.fixture

@@ -72,16 +72,11 @@ class ExplainerProcess(ComponentProcess):
     """A running ``ovserve explainer`` on an ephemeral REST port."""
 
     kind = "explainer"
+    timeout = 30
 
     def __init__(self, model: str, predictor: str, *extra: str) -> None:
         super().__init__(["explainer", "--model_name", model, "--predictor_host", predictor,
                           "--http_port", "0", "--host", "127.0.0.1", *extra], grpc=False)
-
-    def wait_port(self, timeout: float = 30) -> "ExplainerProcess":
-        return self.wait_ports(timeout)
-
-    def wait_ready(self, timeout: float = 30) -> "ExplainerProcess":
-        return super().wait_ready(timeout)
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +306,7 @@ def _closed_port() -> int:
 def test_predictor_down_is_503_within_seconds():
     explainer = ExplainerProcess("linear", f"127.0.0.1:{_closed_port()}", "--predictor_request_timeout_seconds", "5")
     try:
-        url = explainer.wait_port().url
+        url = explainer.wait_ports().url
         assert requests.get(url + "/v2/health/live", timeout=5).status_code == 200
         t0 = time.monotonic()
         assert requests.get(url + "/v2/health/ready", timeout=10).status_code == 503

@@ -36,7 +36,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, triton_to_np_dtype
 
 from . import models
-from .conftest import EXACT, ServerProcess
+from .conftest import EXACT, PHOTOS, ServerProcess
 
 cv2 = pytest.importorskip("cv2")
 
@@ -492,7 +492,6 @@ def test_one_image_fits_the_batch_of_one(image_server: ServerProcess) -> None:
 
 
 # -- the real classifier, end to end ------------------------------------------------
-PHOTOS = {"chelsea": "Egyptian cat", "coffee": "espresso"}
 
 
 @pytest.fixture(scope="module")

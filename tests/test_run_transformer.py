@@ -15,22 +15,12 @@ import pytest
 import requests
 import yaml
 
+from .conftest import PHOTOS
 from .test_run import EXAMPLES, OvserveRun, _assert_all_gone, example, free_port, write
 
 cv2 = pytest.importorskip("cv2")
 skdata = pytest.importorskip("skimage.data")
 
-PHOTOS = {"chelsea": "Egyptian cat", "coffee": "espresso"}
-
-
-@pytest.fixture(scope="module")
-def photos() -> dict[str, bytes]:
-    out = {}
-    for name in PHOTOS:
-        ok, buf = cv2.imencode(".jpg", cv2.cvtColor(getattr(skdata, name)(), cv2.COLOR_RGB2BGR))
-        assert ok
-        out[name] = buf.tobytes()
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -83,12 +83,10 @@ class TransformerProcess(ComponentProcess):
     """A running ``ovserve transformer`` on ephemeral ports (REST and gRPC)."""
 
     kind = "transformer"
+    timeout = 30
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         super().__init__(["transformer", "--host", "127.0.0.1", "--http_port", "0", "--grpc_port", "0", *args], env)
-
-    def wait_ready(self, timeout: float = 30) -> "TransformerProcess":
-        return super().wait_ready(timeout)
 
 
 def expected(x: np.ndarray) -> np.ndarray:

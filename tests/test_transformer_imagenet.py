@@ -16,24 +16,12 @@ import numpy as np
 import pytest
 import requests
 
-from .conftest import EXACT, ServerProcess
+from .conftest import EXACT, PHOTOS, ServerProcess
 from .test_transformer import TransformerProcess
 
-cv2 = pytest.importorskip("cv2")
-skdata = pytest.importorskip("skimage.data")
+pytest.importorskip("cv2")  # the ImageNet transformer decodes with OpenCV
 
 HANDLER = "ovserve.server.components.imagenet:ImageNetTransformer"
-PHOTOS = {"chelsea": "Egyptian cat", "coffee": "espresso"}
-
-
-@pytest.fixture(scope="module")
-def photos() -> dict[str, bytes]:
-    out = {}
-    for name in PHOTOS:
-        ok, buf = cv2.imencode(".jpg", cv2.cvtColor(getattr(skdata, name)(), cv2.COLOR_RGB2BGR))
-        assert ok
-        out[name] = buf.tobytes()
-    return out
 
 
 @pytest.fixture(scope="module")
