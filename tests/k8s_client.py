@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
+import pytest
 import requests
 import yaml
 
@@ -195,3 +197,19 @@ class Operator:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+# -- fixtures (imported by the test modules that need a control plane) -----------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A fresh control plane for one test module."""
+    plane = ControlPlane(tmp_path_factory.mktemp("k8s"))
+    plane.start()
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: ControlPlane) -> "Kube":
+    """The API as cluster admin."""
+    return Kube(cluster.url, cluster.admin_token)

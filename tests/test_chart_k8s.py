@@ -13,12 +13,12 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from . import k8s, tools
 from .k8s import ControlPlane, kubeconfig
+from .k8s_client import cluster, kube  # noqa: F401  (module fixtures)
 from .k8s_client import (Kube, Operator, deploy_path, eventually, example, isvc_path, roll_out, svc_path,
                          wait_condition)
 
@@ -33,19 +33,6 @@ CHART = ROOT / "charts/ovserve"
 RELEASE_NS = "ovserve-system"
 CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.serving.kserve.io"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(tmp_path_factory.mktemp("k8s-chart"))
-    plane.start()
-    yield plane
-    plane.stop()
-
-
-@pytest.fixture(scope="module")
-def kube(cluster: ControlPlane) -> Kube:
-    return Kube(cluster.url, cluster.admin_token)
 
 
 def run(cluster: ControlPlane, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:

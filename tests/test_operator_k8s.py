@@ -19,6 +19,7 @@ import yaml
 
 from . import k8s
 from .k8s import ControlPlane
+from .k8s_client import cluster, kube  # noqa: F401  (module fixtures)
 from .k8s_client import (DATA, IMAGE, ISVC, Kube, KubeError, Operator, conditions, deploy_path, eventually,
                          example, hpa_path, isvc_path, roll_out, service_account_kubeconfig, svc_path, wait_condition)
 
@@ -29,19 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- the control plane, the CRD, the operator -------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(tmp_path_factory.mktemp("k8s"))
-    plane.start()
-    yield plane
-    plane.stop()
-
-
-@pytest.fixture(scope="module")
-def kube(cluster: ControlPlane) -> Kube:
-    return Kube(cluster.url, cluster.admin_token)
 
 
 @pytest.fixture(scope="module")
