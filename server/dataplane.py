@@ -14,8 +14,8 @@ from .codecs.images import decode_images
 from .errors import InvalidInput, Unavailable
 from .repository.manager import ModelManager
 from .repository.states import State
-from .runtime.openvino import OpenVINOModel, PortInfo
-from .types import InferRequest, InferResponse, ModelMetadata, Tensor
+from .runtime.openvino import OpenVINOModel
+from .types import InferRequest, InferResponse, ModelMetadata, PortInfo, Tensor
 from . import __version__
 
 SERVER_NAME = "ovserve"

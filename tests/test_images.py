@@ -9,7 +9,7 @@ import pytest
 
 from ovserve.server.codecs.images import decode_images, image_layout
 from ovserve.server.errors import InvalidInput
-from ovserve.server.runtime.openvino import Dim
+from ovserve.server.types import Dim
 
 
 def dims(*sizes: int | tuple[int, int]) -> tuple[Dim, ...]:

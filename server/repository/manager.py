@@ -18,7 +18,8 @@ from typing import Protocol
 
 from ..errors import InvalidInput, NotFound, ServerError, Unavailable
 from ..runtime.memory import release_free_memory
-from ..runtime.openvino import OpenVINOModel, PortInfo, find_model_file
+from ..runtime.openvino import OpenVINOModel, find_model_file
+from ..types import PortInfo
 from .config import ModelConfig
 from .states import INDEX_STATE, State, Status
 

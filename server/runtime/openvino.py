@@ -22,7 +22,7 @@ import openvino as ov
 
 from ..codecs.datatypes import OV_TO_V2
 from ..errors import FailedPrecondition, InternalError, InvalidInput
-from ..types import Dim, PortInfo, TensorSpec  # noqa: F401  (Dim, PortInfo: re-exported)
+from ..types import Dim, PortInfo
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,8 @@ class OpenVINOModel:
     """One compiled model version with its pool of asynchronous infer requests.
 
     ``infer`` takes an idle request (or waits for one), feeds the request's
-    arrays as shared ``ov.Tensor``s (no copy), and either starts it
+    arrays as shared ``ov.Tensor``s (read-only or strided ones copied once),
+    and either starts it
     asynchronously and awaits its completion, or, for a model whose inferences
     take microseconds, runs it inline on the loop thread with the GIL released.
     """
