@@ -29,14 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import importlib.abc
-import logging
 import sys
 from types import ModuleType
 from typing import Any, Iterator
-
-log = logging.getLogger(__name__)
 
 #: Optional imports of the server's dependencies that it never uses (each is
 #: guarded by ``except ImportError`` / ``ModuleNotFoundError`` where it is imported).
@@ -73,14 +69,14 @@ def import_openvino() -> ModuleType:
 
 
 def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    if not name or not sys.platform.startswith("linux"):
+    """glibc, as already loaded in this process (no library search: ``find_library`` runs ldconfig)."""
+    if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(name)
-        return libc if hasattr(libc, "malloc_trim") else None
+        libc = ctypes.CDLL(None)
     except OSError:
         return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 _LIBC = _libc()
@@ -94,7 +90,7 @@ KEEP_FREE_HEAP = 64 << 20
 
 def tune_allocator() -> None:
     """Keep request-sized buffers on the heap and the heap's free top mapped (glibc; elsewhere a no-op)."""
-    if _LIBC is not None and hasattr(_LIBC, "mallopt"):
+    if _LIBC is not None:
         _LIBC.mallopt(_M_MMAP_THRESHOLD, HEAP_BUFFERS_UP_TO)
         _LIBC.mallopt(_M_TRIM_THRESHOLD, KEEP_FREE_HEAP)
 
