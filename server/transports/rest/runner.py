@@ -35,7 +35,7 @@ class RestServer(uvicorn.Server):
 
     def __init__(self, app: Any, grace_period: float) -> None:
         super().__init__(uvicorn.Config(
-            app, http="httptools", lifespan="off", access_log=False, log_config=None,
+            app, http="httptools", ws="none", lifespan="off", access_log=False, log_config=None,
             timeout_graceful_shutdown=max(int(grace_period), 1), timeout_keep_alive=75,
         ))
         self.task: asyncio.Task | None = None
