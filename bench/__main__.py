@@ -36,8 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-raw", action="store_true", help="skip raw OpenVINO")
     p.add_argument("--no-ovserve", action="store_true", help="skip ovserve")
     p.add_argument("--no-peer", action="store_true", help="skip the KServe peer (and its virtualenv)")
-    p.add_argument("--hint", choices=["LATENCY", "THROUGHPUT"], default="LATENCY",
-                   help="PERFORMANCE_HINT every runner compiles the models with")
+    p.add_argument("--hint", choices=["LATENCY", "THROUGHPUT"], default=None,
+                   help="PERFORMANCE_HINT for every model (default: each model's own, in bench/specs.py); "
+                        "every runner compiles a model alike")
     p.add_argument("--grpc-client", choices=["h2", "aio"], default=None,
                    help="h2 (default when hpack is installed): the bench's light HTTP/2 client; "
                         "aio: grpcio's own (dearer per call)")
@@ -170,7 +171,7 @@ def main(argv: list[str]) -> int:
         paths = models.build_repository(Path(tmp), mobilenet=want_mobilenet)
         bench = Bench(args, paths)
         print(f"models: {', '.join(bench.names)} (resnetish: {models.resnetish_flops() / 1e9:.2f} GFLOP); "
-              f"{args.duration:g} s per case; concurrency {args.concurrency}; hint {args.hint}; "
+              f"{args.duration:g} s per case; concurrency {args.concurrency}; hints: {specs.hints()}; "
               f"gRPC client {args.grpc_client}", flush=True)
         configs = {}  # the ovserve config.json serving each set of models
 
@@ -200,7 +201,7 @@ def main(argv: list[str]) -> int:
             bench.served(kserve)
     versions = {**local_versions(), **versions}
     run = report.Run(bench.rows, bench.idle, bench.names, command, started, versions, args.duration, background,
-                     bench.idle_all)
+                     bench.idle_all, specs.hints())
     print()
     print(report.render(run, markdown=False))
     written = report.write_outputs(run, args.out, None if args.no_docs else args.docs)

@@ -31,6 +31,7 @@ class Run:
     duration: float
     background_pct: float = 0.0  # busy CPU of other processes just before the run
     idle_all_mib: dict[str, float] | None = None  # server -> RSS with every benchmarked model loaded
+    hints: str = ""  # each model's PERFORMANCE_HINT, e.g. "add LATENCY, resnetish LATENCY"
 
 
 def _find(rows: list[Row], model: str, server: str, protocol: str, c: int) -> Row | None:
@@ -209,6 +210,7 @@ def section(run: Run) -> str:
         f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}; Python {m['python']}",
         f"- software: {versions}",
         f"- command: `{run.command}` ({run.duration:g} s per case, closed loop, batch 1, 127.0.0.1)",
+        *([f"- performance hint per model (the same for every runner): {run.hints}"] if run.hints else []),
         f"- other processes' CPU just before the run: {run.background_pct:.0f}% of a core "
         "(per case: the 'other CPU %' column)",
         "",

@@ -37,17 +37,30 @@ class ModelSpec:
         return rng.standard_normal(self.shape).astype(np.float32)
 
 
-#: The same hint for every runner of a model (see docs/performance.md for why LATENCY).
-HINT = {"PERFORMANCE_HINT": "LATENCY"}
+#: Each model's hint, the same for every runner (why: docs/performance.md). LATENCY (one
+#: stream of every core) for `add` (microseconds: runs inline) and `resnetish` (a few large
+#: layers; single-request latency is a target); THROUGHPUT (one stream per core) for the
+#: real MobileNetV2, whose ~100 small layers each end in a barrier of the stream's threads:
+#: with one stream of two threads, any other thread that takes a core (the server's own
+#: loop, the load generator) stalls both, and LATENCY served it at ~0.45 x raw.
+LATENCY = {"PERFORMANCE_HINT": "LATENCY"}
+THROUGHPUT = {"PERFORMANCE_HINT": "THROUGHPUT"}
 
 SPECS = {
-    "add": ModelSpec("add", "x", "FP32", (1, 16), "y", dict(HINT)),
-    "resnetish": ModelSpec("resnetish", "x", "FP32", (1, 3, 224, 224), "y", dict(HINT)),
-    "mobilenet_v2": ModelSpec("mobilenet_v2", "image", "UINT8", (1, 224, 224, 3), "logits", dict(HINT)),
+    "add": ModelSpec("add", "x", "FP32", (1, 16), "y", dict(LATENCY)),
+    "resnetish": ModelSpec("resnetish", "x", "FP32", (1, 3, 224, 224), "y", dict(LATENCY)),
+    "mobilenet_v2": ModelSpec("mobilenet_v2", "image", "UINT8", (1, 224, 224, 3), "logits", dict(THROUGHPUT)),
 }
 
 
-def with_hint(hint: str) -> None:
-    """Compile every model with PERFORMANCE_HINT ``hint`` (LATENCY or THROUGHPUT)."""
+def with_hint(hint: str | None) -> None:
+    """Compile every model with PERFORMANCE_HINT ``hint`` (LATENCY or THROUGHPUT); None: each its own."""
+    if hint is None:
+        return
     for spec in SPECS.values():
         spec.plugin_config["PERFORMANCE_HINT"] = hint
+
+
+def hints() -> str:
+    """The hints in force, e.g. ``add LATENCY, resnetish LATENCY, mobilenet_v2 THROUGHPUT``."""
+    return ", ".join(f"{name} {spec.plugin_config.get('PERFORMANCE_HINT', '-')}" for name, spec in SPECS.items())
