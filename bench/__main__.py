@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
         paths = models.build_repository(Path(tmp), mobilenet=want_mobilenet)
         bench = Bench(args, paths)
         print(f"models: {', '.join(bench.names)} (resnetish: {models.resnetish_flops() / 1e9:.2f} GFLOP); "
-              f"{args.duration:g} s per case; concurrency {args.concurrency}; hints: {specs.hints()}; "
+              f"{args.duration:g} s per case; concurrency {args.concurrency}; properties: {specs.hints()}; "
               f"gRPC client {args.grpc_client}", flush=True)
         configs = {}  # the ovserve config.json serving each set of models
 

@@ -210,7 +210,7 @@ def section(run: Run) -> str:
         f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}; Python {m['python']}",
         f"- software: {versions}",
         f"- command: `{run.command}` ({run.duration:g} s per case, closed loop, batch 1, 127.0.0.1)",
-        *([f"- performance hint per model (the same for every runner): {run.hints}"] if run.hints else []),
+        *([f"- OpenVINO properties per model (the same for every runner): {run.hints}"] if run.hints else []),
         f"- other processes' CPU just before the run: {run.background_pct:.0f}% of a core "
         "(per case: the 'other CPU %' column)",
         "",

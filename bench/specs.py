@@ -64,5 +64,9 @@ def with_hint(hint: str | None) -> None:
 
 
 def hints() -> str:
-    """The hints in force, e.g. ``add LATENCY, resnetish LATENCY, mobilenet_v2 THROUGHPUT``."""
-    return ", ".join(f"{name} {spec.plugin_config.get('PERFORMANCE_HINT', '-')}" for name, spec in SPECS.items())
+    """The properties in force, e.g. ``add LATENCY INFERENCE_NUM_THREADS=1, resnetish LATENCY``."""
+    def one(name: str, config: dict) -> str:
+        rest = "".join(f" {k}={v}" for k, v in config.items() if k != "PERFORMANCE_HINT")
+        return f"{name} {config.get('PERFORMANCE_HINT', '-')}{rest}"
+
+    return ", ".join(one(name, spec.plugin_config) for name, spec in SPECS.items())
