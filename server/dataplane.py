@@ -10,6 +10,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from .codecs.datatypes import V2_TO_NUMPY
+from .codecs.tensors import encoding_parameters
 from .codecs.images import decode_images
 from .errors import InvalidInput, Unavailable
 from .repository.manager import ModelManager
@@ -165,5 +166,5 @@ def check_outputs(request: InferRequest, model: OpenVINOModel) -> list[tuple[Por
         port = ports.get(out.name)
         if port is None:
             raise InvalidInput(f"unknown output {out.name!r}; model {request.model_name!r} has outputs {list(ports)}")
-        wanted.append((port, out.parameters))
+        wanted.append((port, encoding_parameters(out.parameters)))
     return wanted

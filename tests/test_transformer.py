@@ -67,6 +67,14 @@ HANDLERS = textwrap.dedent('''
             await asyncio.sleep(1.0)
             return request
 
+    class Tagged(Transformer):
+        """Every output says what it holds: an output's own parameters reach the client."""
+        async def postprocess(self, response, headers):
+            for t in response.outputs:
+                t.parameters["unit"] = "logit"
+                t.parameters["top_k"] = 3
+            return response
+
     class Both(Transformer):
         """predict overridden: two predictor calls, x and -x, and extra outputs."""
         async def predict(self, request, headers):
@@ -424,6 +432,39 @@ def test_predict_override_calls_the_predictor_twice(predictor: ServerProcess, ha
         np.testing.assert_allclose(np.array([p["y_neg"] for p in preds]), -X @ w + b, rtol=1e-5)
     finally:
         assert proc.stop() == 0
+
+
+def test_output_parameters_set_by_the_handler_reach_every_protocol(predictor: ServerProcess, handlers: Path) -> None:
+    import tritonclient.grpc as grpcclient
+
+    proc = TransformerProcess("--handler", "handlers:Tagged", "--model_name", "matmul",
+                              "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
+                              env={"PYTHONPATH": str(handlers)}).wait_ready()
+    try:
+        tags = {"unit": "logit", "top_k": 3}
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}],
+                "outputs": [{"name": "y", "parameters": {"binary_data": False, "client_note": "not echoed"}}]}
+        (out,) = requests.post(proc.url + "/v2/models/matmul/infer", json=body, timeout=10).json()["outputs"]
+        assert out["parameters"] == tags
+        body["outputs"] = [{"name": "y", "parameters": {"binary_data": True}}]
+        resp = requests.post(proc.url + "/v2/models/matmul/infer", json=body, timeout=10)
+        header = json.loads(resp.content[:int(resp.headers["Inference-Header-Content-Length"])])
+        assert header["outputs"][0]["parameters"] == {**tags, "binary_data_size": 2 * 4 * 4}
+        client = grpcclient.InferenceServerClient(proc.grpc_target)
+        inp = grpcclient.InferInput("x", [2, 8], "FP32")
+        inp.set_data_from_numpy(X)
+        params = client.infer("matmul", [inp]).get_response().outputs[0].parameters
+        assert (params["unit"].string_param, params["top_k"].int64_param) == ("logit", 3)
+        client.close()
+    finally:
+        assert proc.stop() == 0
+
+
+def test_the_server_does_not_echo_a_clients_output_parameters(predictor: ServerProcess) -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": False, "classification": 0}}]}
+    (out,) = requests.post(predictor.url + "/v2/models/matmul/infer", json=body, timeout=10).json()["outputs"]
+    assert "parameters" not in out and len(out["data"]) == 8
 
 
 def test_concurrent_requests_through_one_transformer(transformer: TransformerProcess) -> None:

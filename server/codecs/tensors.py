@@ -122,3 +122,18 @@ def to_raw(array: np.ndarray, datatype: str) -> bytes:
         return bytes_tensor.pack(array)
     dtype = numpy_dtype(datatype, "output")
     return np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+#: Output parameters that steer the encoding of a reply (the client's ``binary_data`` ask,
+#: the wire's ``binary_data_size``); every other parameter of an output is the reply's own.
+ENCODING_PARAMETERS = frozenset({"binary_data", "binary_data_size"})
+
+
+def reply_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """An output's parameters as its reply carries them, without the encoding directives."""
+    return {k: v for k, v in params.items() if k not in ENCODING_PARAMETERS} if params else {}
+
+
+def encoding_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """What a requested output asks of the reply's encoding (``binary_data``); the rest is not echoed."""
+    return {k: v for k, v in params.items() if k in ENCODING_PARAMETERS} if params else {}

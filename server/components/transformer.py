@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import __version__
 from ..codecs.datatypes import numpy_dtype, v2_datatype
+from ..codecs.tensors import encoding_parameters, reply_parameters
 from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable, Unsupported
 from ..types import Dim, InferRequest, InferResponse, ModelMetadata, PortInfo, RequestedOutput, Tensor, TensorSpec
 
@@ -326,8 +327,8 @@ class TransformerDataPlane:
             by_name = {t.name: t for t in resp.outputs}  # the outputs the client asked for, in its order
             resp.outputs = [by_name[name] for name in asked]
         for t in resp.outputs:  # what the client asked of each output (binary_data) is for our encoder
-            t.parameters = {k: v for k, v in t.parameters.items() if k not in ("binary_data", "binary_data_size")}
-            t.parameters.update(asked.get(t.name, {}))
+            t.parameters = reply_parameters(t.parameters)
+            t.parameters.update(encoding_parameters(asked.get(t.name, {})))
         return resp
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from ...codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ...codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ...codecs.datatypes import numpy_dtype
 from ...errors import InvalidInput
 from ...proto import grpc_predict_v2_pb2 as pb
@@ -100,6 +100,9 @@ def response_to_pb(resp: InferResponse, typed: bool) -> pb.ModelInferResponse:
     typed = typed and all(t.datatype in CONTENTS_FIELD for t in resp.outputs)
     for t in resp.outputs:
         tensor = out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        params = reply_parameters(t.parameters)
+        if params:
+            params_to_pb(tensor.parameters, params)
         if typed:
             values = t.data.reshape(-1)
             if t.datatype == "BYTES":

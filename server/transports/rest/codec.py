@@ -14,7 +14,7 @@ import orjson
 import simdjson
 
 from ...codecs.datatypes import V2_TO_NUMPY, numpy_dtype
-from ...codecs.tensors import check_shape, from_numbers, from_raw, from_values, to_raw
+from ...codecs.tensors import check_shape, from_numbers, from_raw, from_values, reply_parameters, to_raw
 from ...errors import InvalidInput
 from ...types import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -243,11 +243,14 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     for tensor in response.outputs:
         binary = tensor.parameters.get("binary_data", all_binary)
         out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        params = reply_parameters(tensor.parameters)
         if binary:
             raw = to_raw(tensor.data, tensor.datatype)
             chunks.append(raw)
-            out["parameters"] = {"binary_data_size": len(raw)}
+            out["parameters"] = {**params, "binary_data_size": len(raw)}
         else:
+            if params:
+                out["parameters"] = params
             out["data"] = _json_data(tensor)
         outputs.append(out)
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version, "outputs": outputs}
