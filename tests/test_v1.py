@@ -166,3 +166,10 @@ def test_predict_bad_b64_objects_are_400(echo_server, value: dict, needle: str) 
     r = requests.post(f"{echo_server.url}/v1/models/echo_bytes:predict",
                       json={"instances": [[value, "a", "b", "c"]]}, timeout=30)
     assert r.status_code == 400 and needle in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("verb", ["predict", "explain"])
+def test_get_on_a_verb_is_405_not_an_unknown_model(server, verb: str) -> None:
+    resp = requests.get(f"{server.url}/v1/models/add:{verb}", timeout=10)
+    assert resp.status_code == 405
+    assert resp.json()["error"] == f"method GET is not allowed on /v1/models/add:{verb}"

@@ -1,6 +1,7 @@
 """KServe V1 REST endpoints: liveness, list, model status, :predict and :explain."""
 from __future__ import annotations
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,6 +25,8 @@ async def list_models(request: Request) -> Response:
 async def model_status(request: Request) -> Response:
     dp = dataplane(request)
     name = request.path_params["model"]
+    if name.endswith((":predict", ":explain")):  # the {model} pattern also matches "m:predict"
+        raise HTTPException(405)
     versions = dp.model_status(name)
     ready = dp.model_ready(name)
     # KServe answers 503 for a model that is not ready; the body still says why.
