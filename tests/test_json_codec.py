@@ -110,3 +110,16 @@ def test_large_binary_header_with_json_data_beside_binary(monkeypatch: pytest.Mo
     np.testing.assert_array_equal(req.inputs[0].data, big)
     np.testing.assert_array_equal(req.inputs[1].data, small_input)
     assert math.prod(req.inputs[0].shape) == N
+
+
+def test_binary_tensors_of_a_bytearray_body_are_writable_views_of_it() -> None:
+    """read_body hands the codec a bytearray: binary tensors are views the inference shares."""
+    x = np.arange(6, dtype=np.float32)
+    raw = x.tobytes()
+    header = json.dumps({"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    body = bytearray(header + raw)
+    req = codec.decode_infer_request("m", "", body, str(len(header)))
+    arr = req.inputs[0].data
+    assert arr.flags.writeable and np.shares_memory(arr, np.frombuffer(body, np.uint8))
+    np.testing.assert_array_equal(arr, x.reshape(2, 3))

@@ -89,6 +89,31 @@ def test_read_only_and_strided_inputs_are_copied_not_refused(tmp_path: Path) -> 
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("offset", [0, 1, 2, 3])
+def test_writable_views_of_a_request_body_run_in_place_at_any_alignment(tmp_path: Path, offset: int) -> None:
+    """REST bodies are bytearrays: their binary tensors go to OpenVINO without a copy, even
+    where the JSON header left them off a 4-byte boundary."""
+    add, matmul = _load(tmp_path / "a", models.add_one()), _load(tmp_path / "m", models.matmul())
+    w, b = (a.astype(np.float16).astype(np.float32) for a in models.matmul_weights())  # saved as FP16
+    xa, xm = _rows(3, 7), _rows(2, 8, width=8)
+    body = bytearray(offset) + bytearray(xa.tobytes()) + bytearray(xm.tobytes())
+    va = np.frombuffer(memoryview(body)[offset:offset + xa.nbytes], np.float32).reshape(xa.shape)
+    vm = np.frombuffer(memoryview(body)[offset + xa.nbytes:], np.float32).reshape(xm.shape)
+    assert va.flags.writeable and va.flags.aligned == (offset == 0)
+
+    slot = add._slots[0]
+    add._feed(slot, {"x": va})
+    assert np.shares_memory(slot.keep[0], va)  # shared, not copied
+    add.release(slot)
+
+    async def main() -> None:
+        np.testing.assert_allclose((await add.infer({"x": va}))["y"], xa + 1, rtol=1e-6)
+        np.testing.assert_allclose((await matmul.infer({"x": vm}))["y"], xm @ w + b, rtol=1e-5)
+
+    asyncio.run(main())
+    assert bytes(body[offset:]) == xa.tobytes() + xm.tobytes()  # the request's bytes are only read
+
+
 def test_a_cancelled_caller_does_not_lose_the_infer_request(tmp_path: Path) -> None:
     model = _load(tmp_path, models.add_one(), nireq=1)
 

@@ -107,7 +107,7 @@ def parse_request_json(body: memoryview, where: str = "request body") -> Any:
     return out
 
 
-def decode_infer_request(model_name: str, version: str, body: bytes, header_length: str | None) -> InferRequest:
+def decode_infer_request(model_name: str, version: str, body: bytes | bytearray, header_length: str | None) -> InferRequest:
     view = memoryview(body)
     if header_length is not None:
         try:
@@ -194,7 +194,7 @@ def decode_infer_request(model_name: str, version: str, body: bytes, header_leng
     )
 
 
-def decode_headerless(model_name: str, version: str, body: bytes, specs: list) -> InferRequest:
+def decode_headerless(model_name: str, version: str, body: bytes | bytearray, specs: list) -> InferRequest:
     """Inference-Header-Content-Length 0: the whole body is the model's only input.
 
     A BYTES input, or a 4-D input whose batch-1 raw size the body does not
@@ -216,7 +216,7 @@ def decode_headerless(model_name: str, version: str, body: bytes, specs: list) -
         array = from_raw(where, port.datatype, shape, memoryview(body))
         tensor = Tensor(port.name, port.datatype, shape, array)
     elif port.datatype == "BYTES" or len(port.dims) == 4:
-        tensor = Tensor(port.name, "BYTES", (1,), from_values(where, "BYTES", (1,), [body]))
+        tensor = Tensor(port.name, "BYTES", (1,), from_values(where, "BYTES", (1,), [bytes(body)]))
     else:
         raise InvalidInput(
             f"{where}: a body of {len(body)} bytes does not match the model's input of batch 1 "

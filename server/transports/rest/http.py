@@ -20,9 +20,20 @@ def error_response(status: int, message: str) -> JSON:
     return JSON({"error": message}, status_code=status)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing more than ``limit`` bytes before reading them."""
+#: bodies declared up to this size get their buffer at once; larger ones grow as data arrives
+PREALLOCATE_MAX = 16 << 20
+
+
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The whole body, refusing more than ``limit`` bytes before reading them.
+
+    A ``bytearray`` (sized from Content-Length when small) filled in place: one copy of
+    what arrives, and writable, so binary tensors decoded from it are numpy
+    views the inference reads in place (a read-only ``bytes`` body had to be
+    copied once more for OpenVINO).
+    """
     declared = request.headers.get("content-length")
+    size = 0
     if declared is not None:
         try:
             size = int(declared)
@@ -30,14 +41,18 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise InvalidInput(f"bad Content-Length {declared!r}") from None
         if size > limit:
             raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
-    chunks = []
+    # Sized up front only while that is small: a client that declares a large body and
+    # sends it slowly must not hold the whole limit in memory from its first byte.
+    body = bytearray(size if 0 < size <= PREALLOCATE_MAX else 0)
     total = 0
     async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
+        end = total + len(chunk)
+        if end > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        body[total:end] = chunk  # in place while it fits, else appended
+        total = end
+    del body[total:]
+    return body
 
 
 def dataplane(request: Request) -> DataPlane:
