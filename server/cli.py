@@ -20,7 +20,7 @@ from . import __version__
 from .config import Settings
 
 ENV_PREFIX = "OVSERVE_"
-#: subcommands whose parser (``add_parser(sub)``) and ``main(ns)`` live in their own module
+#: subcommands whose parser (``add_parser(sub)``) and entry point live in their own module
 _COMPONENTS = {
     "storage-initializer": ".storage",
     "transformer": ".components.transformer_server",
