@@ -8,6 +8,7 @@ with the binary extension, and gRPC), requests, curl.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -131,6 +132,18 @@ def predictor(repo: Path) -> Iterator[ServerProcess]:
 
 def predictor_host(predictor: ServerProcess, protocol: str) -> str:
     return predictor.grpc_target if protocol == "grpc-v2" else f"127.0.0.1:{predictor.rest_port}"
+
+
+@contextlib.contextmanager
+def handler_in_front(handler: str, predictor: ServerProcess, handlers: Path) -> Iterator[TransformerProcess]:
+    """``handlers:<handler>`` in front of ``matmul`` over V2 REST; it must stop cleanly (exit 0)."""
+    proc = TransformerProcess("--handler", f"handlers:{handler}", "--model_name", "matmul",
+                              "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
+                              env={"PYTHONPATH": str(handlers)}).wait_ready()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0
 
 
 @pytest.fixture(scope="module", params=["v1", "v2", "grpc-v2"])
@@ -312,10 +325,7 @@ def test_async_handler_exception_over_grpc_is_internal(predictor: ServerProcess,
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    proc = TransformerProcess("--handler", "handlers:SlowBoom", "--model_name", "matmul",
-                              "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
-                              env={"PYTHONPATH": str(handlers)}).wait_ready()
-    try:
+    with handler_in_front("SlowBoom", predictor, handlers) as proc:
         client = grpcclient.InferenceServerClient(proc.grpc_target)
         inp = grpcclient.InferInput("x", [2, 8], "FP32")
         inp.set_data_from_numpy(X)
@@ -326,8 +336,6 @@ def test_async_handler_exception_over_grpc_is_internal(predictor: ServerProcess,
             assert "SlowBoom.postprocess" in err.value.message() and "KeyError" in err.value.message()
         assert client.is_server_live()
         client.close()
-    finally:
-        assert proc.stop() == 0
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -415,10 +423,7 @@ def test_sigterm_exits_zero_within_seconds(predictor: ServerProcess) -> None:
 
 
 def test_predict_override_calls_the_predictor_twice(predictor: ServerProcess, handlers: Path) -> None:
-    proc = TransformerProcess("--handler", "handlers:Both", "--model_name", "matmul",
-                              "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
-                              env={"PYTHONPATH": str(handlers)}).wait_ready()
-    try:
+    with handler_in_front("Both", predictor, handlers) as proc:
         w, b = models.matmul_weights()
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
         doc = requests.post(proc.url + "/v2/models/matmul/infer", json=body, timeout=10).json()
@@ -430,17 +435,12 @@ def test_predict_override_calls_the_predictor_twice(predictor: ServerProcess, ha
                               timeout=10).json()["predictions"]
         assert [p["note"] for p in preds] == [["two calls"]] * 2
         np.testing.assert_allclose(np.array([p["y_neg"] for p in preds]), -X @ w + b, rtol=1e-5)
-    finally:
-        assert proc.stop() == 0
 
 
 def test_output_parameters_set_by_the_handler_reach_every_protocol(predictor: ServerProcess, handlers: Path) -> None:
     import tritonclient.grpc as grpcclient
 
-    proc = TransformerProcess("--handler", "handlers:Tagged", "--model_name", "matmul",
-                              "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
-                              env={"PYTHONPATH": str(handlers)}).wait_ready()
-    try:
+    with handler_in_front("Tagged", predictor, handlers) as proc:
         tags = {"unit": "logit", "top_k": 3}
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}],
                 "outputs": [{"name": "y", "parameters": {"binary_data": False, "client_note": "not echoed"}}]}
@@ -456,8 +456,6 @@ def test_output_parameters_set_by_the_handler_reach_every_protocol(predictor: Se
         params = client.infer("matmul", [inp]).get_response().outputs[0].parameters
         assert (params["unit"].string_param, params["top_k"].int64_param) == ("logit", 3)
         client.close()
-    finally:
-        assert proc.stop() == 0
 
 
 def test_the_server_does_not_echo_a_clients_output_parameters(predictor: ServerProcess) -> None:
