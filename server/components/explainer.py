@@ -438,11 +438,9 @@ def routes() -> list:
 
     from ..transports.rest.codec import HEADER, decode_infer_request, encode_infer_response, parse_json, \
         v1_instances_to_request
-    from ..transports.rest.http import error_response, json_response, read_body
+    from ..transports.rest.http import json_response, read_body
 
     async def v1_explain(request: Request) -> Response:
-        if request.method != "POST":  # else the model-status route would take it, as model "M:explain"
-            return error_response(405, f"method {request.method} is not allowed on {request.url.path}")
         explainer: Explainer = request.app.state.dataplane
         name = request.path_params["model"]
         explainer.check_name(name)
@@ -468,7 +466,7 @@ def routes() -> list:
         return Response(payload, media_type="application/octet-stream", headers={HEADER: str(header_len)})
 
     return [
-        Route("/v1/models/{model}:explain", v1_explain, methods=["GET", "POST"]),
+        Route("/v1/models/{model}:explain", v1_explain, methods=["POST"]),
         Route("/v2/models/{model}/explain", v2_explain, methods=["POST"]),
     ]
 
