@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ..codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
 from .predictor_errors import PredictorInternal
 
@@ -27,8 +27,7 @@ def encode_v2_request(request: InferRequest) -> tuple[bytes, int]:
     for t in request.inputs:
         raw = to_raw(np.asarray(t.data), t.datatype)
         chunks.append(raw)
-        params = {k: v for k, v in t.parameters.items() if k not in ("binary_data_size", "binary_data")}
-        params["binary_data_size"] = len(raw)
+        params = {**reply_parameters(t.parameters), "binary_data_size": len(raw)}
         inputs.append({"name": t.name, "datatype": t.datatype, "shape": list(np.shape(t.data)), "parameters": params})
     doc: dict[str, Any] = {"inputs": inputs,
                            "parameters": {**request.parameters, "binary_data_output": True}}
@@ -56,15 +55,14 @@ def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
         name, datatype = item["name"], item["datatype"]
         where = f"predictor output {name!r}"
         shape = check_shape(item.get("shape", []), where)
-        params = dict(item.get("parameters") or {})
-        size = params.pop("binary_data_size", None)
+        params = item.get("parameters") or {}
+        size = params.get("binary_data_size")
         if size is not None:
             data = from_raw(where, datatype, shape, binary[offset : offset + size])
             offset += size
         else:
             data = from_values(where, datatype, shape, item.get("data", []))
-        params.pop("binary_data", None)
-        outputs.append(Tensor(name, datatype, shape, data, params))
+        outputs.append(Tensor(name, datatype, shape, data, reply_parameters(params)))
     return InferResponse(
         model_name=doc.get("model_name", ""),
         model_version=str(doc.get("model_version", "") or ""),
