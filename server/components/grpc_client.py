@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from ..codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ..codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ..proto import grpc_predict_v2_pb2 as pb
 from ..proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ..transports.grpc_v2.converters import CONTENTS_FIELD, params_from_pb, params_to_pb
@@ -37,11 +37,11 @@ def request_to_pb(request: InferRequest, model: str) -> pb.ModelInferRequest:
     for t in request.inputs:
         arr = np.asarray(t.data)
         tensor = msg.inputs.add(name=t.name, datatype=t.datatype, shape=list(arr.shape))
-        params_to_pb(tensor.parameters, {k: v for k, v in t.parameters.items() if k != "binary_data_size"})
+        params_to_pb(tensor.parameters, reply_parameters(t.parameters))  # REST's binary directives stay behind
         msg.raw_input_contents.append(to_raw(arr, t.datatype))
     for o in request.outputs:
         out = msg.outputs.add(name=o.name)
-        params_to_pb(out.parameters, {k: v for k, v in o.parameters.items() if k != "binary_data"})
+        params_to_pb(out.parameters, reply_parameters(o.parameters))
     return msg
 
 

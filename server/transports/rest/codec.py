@@ -169,8 +169,7 @@ def decode_infer_request(model_name: str, version: str, body: bytes | bytearray,
             array = from_numbers(where, datatype, shape, item["data"])
         else:
             array = from_values(where, datatype, shape, item["data"])
-        params = {k: v for k, v in params.items() if k != "binary_data_size"}
-        inputs.append(Tensor(name, datatype, shape, array, params))
+        inputs.append(Tensor(name, datatype, shape, array, reply_parameters(params)))
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     outputs = []
