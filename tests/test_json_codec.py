@@ -123,3 +123,13 @@ def test_binary_tensors_of_a_bytearray_body_are_writable_views_of_it() -> None:
     arr = req.inputs[0].data
     assert arr.flags.writeable and np.shares_memory(arr, np.frombuffer(body, np.uint8))
     np.testing.assert_array_equal(arr, x.reshape(2, 3))
+
+
+def test_a_large_json_body_in_a_bytearray_takes_the_simdjson_path() -> None:
+    """read_body hands a bytearray; the large-body parser reads it like bytes."""
+    x = np.arange(50_000, dtype=np.float32) / 8
+    body = bytearray(json.dumps({"inputs": [{"name": "x", "shape": [50_000], "datatype": "FP32",
+                                             "data": x.tolist()}]}).encode())
+    assert len(body) >= codec.LARGE_JSON
+    req = codec.decode_infer_request("m", "", body, None)
+    np.testing.assert_array_equal(req.inputs[0].data, x)
