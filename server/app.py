@@ -59,7 +59,7 @@ class Server:
         images.configure(settings.max_image_pixels)
         self.manager = ModelManager(make_source(settings), poll_interval=settings.poll_interval)
         self.dataplane = DataPlane(self.manager)
-        self.grpc = GrpcServer(self.dataplane, settings.max_request_bytes)
+        self.grpc = GrpcServer(self.dataplane, settings.max_request_bytes, engine=settings.grpc_engine)
         self.rest_port = 0
         self.grpc_port = 0
         self._rest: RestServer | None = None
@@ -102,7 +102,11 @@ async def serve(settings: Settings) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = Server(settings)
+    try:
+        server = Server(settings)
+    except InvalidInput as exc:
+        log.error("cannot start: %s", exc.message)
+        return 1
     starting = asyncio.create_task(server.start())
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)

@@ -27,6 +27,8 @@ class Settings:
     rest_port: int = 8080
     #: KServe V2 gRPC port (0 = an ephemeral port, logged at start).
     grpc_port: int = 8081
+    #: gRPC server engine: grpcio (grpc.aio) or native (pygrpc-native, the grpc-native extra).
+    grpc_engine: str = "grpcio"
     #: Event loop implementation: uvloop (default where installed) or asyncio.
     event_loop: str = "uvloop"
     #: debug, info, warning, error.

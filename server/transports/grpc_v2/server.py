@@ -1,13 +1,31 @@
-"""Build the grpc.aio server: the inference service, health and reflection."""
+"""Build the gRPC server: the inference service, health and reflection.
+
+Two engines serve the same servicers (see docs/performance.md for the numbers):
+
+- ``grpcio`` (default): ``grpc.aio``, gRPC's own C-core server;
+- ``native``: ``pygrpc_native.aio`` (the ``grpc-native`` extra), a drop-in
+  ``grpc.aio`` server whose HTTP/2 and per-call work runs in Rust outside the
+  GIL. Unary and server-streaming methods are served by it; ModelStreamInfer
+  (bidirectional) and reflection go to a grpc.aio server it runs behind itself
+  on a Unix socket. It has no TLS, like ovserve's own gRPC port.
+"""
 from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ...dataplane import DataPlane
+from ...errors import InvalidInput
 from ...proto import grpc_predict_v2_pb2 as pb
 from ...proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from .servicer import InferenceServicer
+
+log = logging.getLogger("ovserve")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
@@ -43,29 +61,62 @@ class _LazyReflection(grpc.GenericRpcHandler):
         pass
 
 
+ENGINES = ("grpcio", "native")
+#: Seconds the native engine's last replies get to be written before it closes its connections.
+NATIVE_FLUSH_PAUSE = 1.0
+
+
+def make_server(engine: str, options: list[tuple[str, Any]], interceptors: list | None) -> grpc.aio.Server:
+    """A grpc.aio-compatible server of the chosen engine."""
+    if engine == "grpcio":
+        return grpc.aio.server(options=options, interceptors=interceptors)
+    if engine == "native":
+        try:
+            import pygrpc_native.aio
+        except ImportError as exc:
+            raise InvalidInput(
+                "--grpc-engine native needs the pygrpc-native package: pip install 'ovserve[grpc-native]'"
+            ) from exc
+        return pygrpc_native.aio.server(options=options, interceptors=interceptors)  # type: ignore[return-value]
+    raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(ENGINES)}")
+
+
 class GrpcServer:
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int, interceptors: list | None = None) -> None:
+    def __init__(self, dataplane: DataPlane, max_message_bytes: int, interceptors: list | None = None,
+                 engine: str = "grpcio") -> None:
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
         ]
-        self.server = grpc.aio.server(options=options, interceptors=interceptors)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), self.server)
+        self.engine = engine
+        self.server = make_server(engine, options, interceptors)
+        self.servicer = InferenceServicer(dataplane)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.server.add_generic_rpc_handlers((_LazyReflection(
             [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, REFLECTION_SERVICE]),))
         self.port = 0
 
+    def describe(self) -> str:
+        from importlib.metadata import version
+
+        package = {"grpcio": "grpcio", "native": "pygrpc-native"}[self.engine]
+        return f"{self.engine} ({package} {version(package)})"
+
     def bind(self, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self.server.add_insecure_port(address)
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError:  # both engines raise it for an address in use (grpcio may also return 0)
+            self.port = 0
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {address}")
         return self.port
 
     async def start(self) -> None:
+        log.info("gRPC engine: %s", self.describe())
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
@@ -76,4 +127,13 @@ class GrpcServer:
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
+        if self.engine == "native":
+            # pygrpc-native closes its connections as soon as the handlers have returned, which
+            # cuts a reply still being written (seen with 4 MB replies): so ovserve refuses new
+            # calls itself, waits for those in flight, and gives their replies a moment to go out.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
+            if await self.servicer.in_flight.close(grace):
+                await asyncio.sleep(max(0.0, min(NATIVE_FLUSH_PAUSE, deadline - loop.time())))
+            grace = max(0.0, deadline - loop.time())
         await self.server.stop(grace)

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import grpc
 
 from ...dataplane import DataPlane
-from ...errors import ServerError, grpc_status
+from ...errors import ServerError, Unavailable, grpc_status
 from ...proto import grpc_predict_v2_pb2 as pb
 from ...proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from . import converters
@@ -30,9 +30,47 @@ def status_of(exc: ServerError) -> grpc.StatusCode:
     return grpc.StatusCode[grpc_status(exc)]
 
 
+class InFlight:
+    """The calls being served, and the switch that refuses new ones once shutdown begins.
+
+    grpc.aio drains by itself; the native engine needs it done before it is stopped
+    (see :meth:`GrpcServer.stop`).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        if self.closing:
+            raise Unavailable("the server is shutting down")
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def close(self, timeout: float) -> bool:
+        """Refuse new calls; wait up to ``timeout`` s for those in flight. True if none is left."""
+        self.closing = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
 def _mapped(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self.in_flight.enter()
+        except ServerError as exc:
+            await context.abort(status_of(exc), exc.message)
         try:
             return await fn(self, request, context)
         except ServerError as exc:
@@ -42,6 +80,8 @@ def _mapped(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         except Exception as exc:
             log.exception("unexpected error in %s", fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        finally:
+            self.in_flight.leave()
 
     return wrapper
 
@@ -49,6 +89,7 @@ def _mapped(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane) -> None:
         self.dp = dataplane
+        self.in_flight = InFlight()
 
     @_mapped
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -82,6 +123,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        try:
+            self.in_flight.enter()  # the whole stream counts as one call in flight
+        except ServerError as exc:
+            await context.abort(status_of(exc), exc.message)
         pending: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
 
         async def one(msg: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
@@ -107,6 +152,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await feeder
         finally:
             feeder.cancel()
+            self.in_flight.leave()
 
     @_mapped
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:

@@ -1,0 +1,83 @@
+"""The native gRPC engine (``--grpc-engine native``, pygrpc-native) serves what grpcio serves.
+
+The gRPC protocol tests of the other modules run again, in a child pytest, with
+``OVSERVE_GRPC_ENGINE=native`` in the environment every server they start
+inherits; the tests here check that the variable really switches the engine,
+and what a user sees when the package is missing.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+
+from .conftest import EXACT, ServerProcess
+
+pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Modules whose gRPC tests (and the SIGTERM drain test) are rerun on the native engine.
+GRPC_MODULES = ["test_smoke.py", "test_datatypes.py", "test_bad_input.py", "test_lifecycle.py", "test_errors.py",
+                "test_images_server.py"]
+
+
+def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
+    native = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
+                           env={"OVSERVE_GRPC_ENGINE": "native"})
+    default = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
+    try:
+        for proc, engine in ((native, "native (pygrpc-native "), (default, "grpcio (grpcio ")):
+            proc.wait_ready()
+            assert engine in proc.wait_log("gRPC engine: ")
+            client = tgrpc.InferenceServerClient(proc.grpc_target)
+            x = np.arange(32, dtype=np.float32).reshape(2, 16)
+            inp = tgrpc.InferInput("x", [2, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_array_equal(client.infer("add", [inp]).as_numpy("y"), x + 1)
+            client.close()
+    finally:
+        native.stop()
+        default.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grpc_protocol_tests_pass_on_the_native_engine() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "grpc or sigterm",
+         *[str(ROOT / "tests" / m) for m in GRPC_MODULES]],
+        cwd=ROOT, capture_output=True, text=True, timeout=540,
+        env={**os.environ, "OVSERVE_GRPC_ENGINE": "native"},
+    )
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert " passed" in summary and "failed" not in summary, summary
+    assert int(summary.split(" passed")[0].split()[-1]) >= 150, summary  # the selection did not shrink to nothing
+
+
+def test_native_engine_without_its_package_says_how_to_install_it(demo_repo: Path, tmp_path: Path) -> None:
+    blocked = tmp_path / "site"
+    (blocked / "pygrpc_native").mkdir(parents=True)
+    (blocked / "pygrpc_native" / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
+    proc = ServerProcess(["--model-repository", str(demo_repo), "--grpc-engine", "native"],
+                         env={"PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])})
+    try:
+        assert proc.proc.wait(60) == 1
+    finally:
+        proc.stop()
+    assert "cannot start: --grpc-engine native needs the pygrpc-native package: " \
+           "pip install 'ovserve[grpc-native]'" in proc.log, proc.log
+
+
+def test_an_unknown_engine_is_refused_by_the_command_line(demo_repo: Path) -> None:
+    proc = ServerProcess(["--model-repository", str(demo_repo), "--grpc-engine", "tonic"])
+    try:
+        assert proc.proc.wait(60) == 2
+    finally:
+        proc.stop()
+    assert "invalid choice: 'tonic'" in proc.log, proc.log
