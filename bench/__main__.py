@@ -45,6 +45,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-delay-us", type=int, default=2000, metavar="US",
                    help="max_queue_delay_us of the dynamic-batching rows (ovserve-batch: add and resnetish at the "
                         "highest concurrency, max_batch_size = that concurrency); 0 skips them")
+    p.add_argument("--grpc-engines", default=None, metavar="LIST",
+                   help="comma-separated gRPC engines of ovserve to measure: grpcio (the default server, every "
+                        "protocol) and native (ovserve-native rows: gRPC only, `--grpc-engine native`); "
+                        "default: both when pygrpc-native is installed")
     p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `ovserve serve` (repeatable)")
     p.add_argument("--wait-quiet", type=float, default=120, metavar="SECONDS",
@@ -66,6 +70,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             print("hpack is not installed (pip install -e '.[bench]'): gRPC load from grpc.aio, "
                   "which costs the client more CPU per call", flush=True)
             args.grpc_client = "aio"
+    if args.grpc_engines is None:
+        import importlib.util
+
+        args.grpc_engines = "grpcio,native" if importlib.util.find_spec("pygrpc_native") else "grpcio"
+    args.grpc_engines = [e for e in args.grpc_engines.split(",") if e]
     if args.smoke:
         args.duration, args.warmup, args.concurrency = min(args.duration, 1.5), 0.3, "1"
         args.no_peer, args.no_docs, args.wait_quiet = True, True, 0
@@ -124,7 +133,10 @@ class Bench:
             self.idle[server.name] = server.rss_bytes() / 2**20
         print(f"{server.name}: idle RSS with add and resnetish loaded {self.idle[server.name]:.0f} MiB", flush=True)
 
-    def served(self, start: Callable[[list[str]], servers.ServerProcess]) -> None:
+    def served(self, start: Callable[[list[str]], servers.ServerProcess], protocols: list[str] | None = None) -> None:
+        protocols = self.protocols if protocols is None else [p for p in self.protocols if p in protocols]
+        if not protocols:
+            return
         self.idle_rss(start)
         with start(self.names) as server:
             server.wait_ready(self.names)
@@ -135,7 +147,7 @@ class Bench:
             print(f"{server.name}: pid {server.proc.pid}, REST {server.rest_port}, gRPC {server.grpc_port}, "
                   f"idle RSS with {', '.join(self.names)} loaded {self.idle_all[server.name]:.0f} MiB", flush=True)
             for name in self.names:
-                for protocol in self.protocols:
+                for protocol in protocols:
                     port = server.grpc_port if protocol == "grpc" else server.rest_port
                     for c in self.concurrency:
                         self.measure(self.case(protocol, name, c, port=port), server.name, server.proc.pid)
@@ -175,11 +187,14 @@ def main(argv: list[str]) -> int:
               f"gRPC client {args.grpc_client}", flush=True)
         configs = {}  # the ovserve config.json serving each set of models
 
-        def ovserve(names: list[str]) -> servers.ServerProcess:
+        def ovserve_config(names: list[str]) -> Path:
             key = ",".join(names)
             if key not in configs:
                 configs[key] = models.write_config(Path(tmp) / "configs" / key, names, repo=Path(tmp))
-            return servers.start_ovserve(configs[key], args.ovserve_arg)
+            return configs[key]
+
+        def ovserve(names: list[str]) -> servers.ServerProcess:
+            return servers.start_ovserve(ovserve_config(names), args.ovserve_arg)
 
         def kserve(names: list[str]) -> servers.ServerProcess:
             return peer.start({n: {"path": str(paths[n]), "plugin_config": specs.SPECS[n].plugin_config} for n in names})
@@ -187,8 +202,16 @@ def main(argv: list[str]) -> int:
         background = wait_quiet(10, args.wait_quiet) if args.wait_quiet > 0 else 0.0
         if not args.no_raw:
             bench.raw()
-        if not args.no_ovserve:
+        if not args.no_ovserve and "grpcio" in args.grpc_engines:
             bench.served(ovserve)
+        if not args.no_ovserve and "native" in args.grpc_engines:
+
+            def ovserve_native(names: list[str]) -> servers.ServerProcess:
+                return servers.start_ovserve(ovserve_config(names), [*args.ovserve_arg, "--grpc-engine", "native"],
+                                             name="ovserve-native")
+
+            bench.served(ovserve_native, ["grpc"])
+        if not args.no_ovserve:
 
             def ovserve_batch(names: list[str], flags: list[str]) -> servers.ServerProcess:
                 config = models.write_config(Path(tmp) / "configs" / ("batch-" + ",".join(names)), names, repo=Path(tmp))
@@ -213,7 +236,7 @@ def local_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("ovserve", "openvino", "grpcio", "uvicorn", "protobuf"):
+    for name in ("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:

@@ -15,7 +15,9 @@ from pathlib import Path
 from .measure import Row
 
 PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
-SERVERS = ("raw", "ovserve", "ovserve-batch", "kserve")
+SERVERS = ("raw", "ovserve", "ovserve-native", "ovserve-batch", "kserve")
+#: ovserve's gRPC engines: the server label whose rows each one's gRPC targets are read from.
+GRPC_ENGINES = {"grpcio": "ovserve", "native": "ovserve-native"}
 DOC_MARKER = "<!-- bench runs below, newest first -->"
 NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
 
@@ -110,34 +112,46 @@ def targets(run: Run) -> list[Target]:
         out.append(Target(case, f"{_per_s(a)} vs {_per_s(b)} {against}", f">= {goal} x", v,
                           None if v is None else v >= goal))
 
-    ratio_target("resnetish gRPC c4 / raw async c4", tput("resnetish", "ovserve", "grpc", 4),
-                 tput("resnetish", "raw", "async", 4), 0.85, "raw async")
-    ratio_target("resnetish REST binary c4 / ovserve gRPC c4", tput("resnetish", "ovserve", "rest-binary", 4),
-                 tput("resnetish", "ovserve", "grpc", 4), 0.8, "ovserve gRPC")
+    # The gRPC rows once per engine measured (grpcio: the default server; native: --grpc-engine native).
+    engines = [(e, srv) for e, srv in GRPC_ENGINES.items() if any(r.server == srv and r.protocol == "grpc" for r in rows)]
+    engines = engines or [("grpcio", "ovserve")]
+    tag = (lambda e: f" [{e}]") if len(engines) > 1 else (lambda e: "")
+    for e, srv in engines:
+        ratio_target(f"resnetish gRPC c4 / raw async c4{tag(e)}", tput("resnetish", srv, "grpc", 4),
+                     tput("resnetish", "raw", "async", 4), 0.85, "raw async")
+    for e, srv in engines:
+        ratio_target(f"resnetish REST binary c4 / ovserve gRPC c4{tag(e)}", tput("resnetish", "ovserve", "rest-binary", 4),
+                     tput("resnetish", srv, "grpc", 4), 0.8, "ovserve gRPC")
     ratio_target("resnetish REST JSON c4 / kserve", tput("resnetish", "ovserve", "rest-json", 4),
                  tput("resnetish", "kserve", "rest-json", 4), 4, "kserve")
-    for protocol, label in (("grpc", "gRPC"), ("rest-json", "REST JSON")):
-        for c in (4, 16):
-            ratio_target(f"add {label} c{c} / kserve", tput("add", "ovserve", protocol, c),
-                         tput("add", "kserve", protocol, c), 3, "kserve")
+    for c in (4, 16):
+        for e, srv in engines:
+            ratio_target(f"add gRPC c{c} / kserve{tag(e)}", tput("add", srv, "grpc", c),
+                         tput("add", "kserve", "grpc", c), 3, "kserve")
+    for c in (4, 16):
+        ratio_target(f"add REST JSON c{c} / kserve", tput("add", "ovserve", "rest-json", c),
+                     tput("add", "kserve", "rest-json", c), 3, "kserve")
     for model in run.models:
         for protocol in ("grpc", "rest-json", "rest-binary"):
-            ours, peer = _find(rows, model, "ovserve", protocol, 16), _find(rows, model, "kserve", protocol, 16)
-            if ours is None and peer is None:
-                continue
-            a, b = (ours.p99_ms if ours else None), (peer.p99_ms if peer else None)
-            v = _ratio(a, b)
-            out.append(Target(f"p99 c16 {model} {protocol} / kserve", f"{_fmt(a)} ms vs {_fmt(b)} ms",
-                              "<= 0.5 x", v, None if v is None else v <= 0.5))
-    a, b = run.idle_rss_mib.get("ovserve"), run.idle_rss_mib.get("kserve")
-    v = _ratio(a, b)
-    out.append(Target("idle RSS / kserve", f"{_fmt(a, 0)} MiB vs {_fmt(b, 0)} MiB", "<= 0.6 x", v,
-                      None if v is None else v <= 0.6))
-    ours, raw = _find(rows, "resnetish", "ovserve", "grpc", 1), _find(rows, "resnetish", "raw", "sync", 1)
-    diff = ours.p50_ms - raw.p50_ms if ours and raw else None
-    out.append(Target("resnetish gRPC c1 p50 - raw sync p50",
-                      f"{_fmt(ours.p50_ms if ours else None)} ms vs {_fmt(raw.p50_ms if raw else None)} ms",
-                      "<= +1 ms", diff, None if diff is None else diff <= 1.0))
+            for e, srv in (engines if protocol == "grpc" else [("grpcio", "ovserve")]):
+                ours, peer = _find(rows, model, srv, protocol, 16), _find(rows, model, "kserve", protocol, 16)
+                if ours is None and peer is None:
+                    continue
+                a, b = (ours.p99_ms if ours else None), (peer.p99_ms if peer else None)
+                v = _ratio(a, b)
+                out.append(Target(f"p99 c16 {model} {protocol} / kserve{tag(e) if protocol == 'grpc' else ''}",
+                                  f"{_fmt(a)} ms vs {_fmt(b)} ms", "<= 0.5 x", v, None if v is None else v <= 0.5))
+    for e, srv in engines:
+        a, b = run.idle_rss_mib.get(srv), run.idle_rss_mib.get("kserve")
+        v = _ratio(a, b)
+        out.append(Target(f"idle RSS / kserve{tag(e)}", f"{_fmt(a, 0)} MiB vs {_fmt(b, 0)} MiB", "<= 0.6 x", v,
+                          None if v is None else v <= 0.6))
+    for e, srv in engines:
+        ours, raw = _find(rows, "resnetish", srv, "grpc", 1), _find(rows, "resnetish", "raw", "sync", 1)
+        diff = ours.p50_ms - raw.p50_ms if ours and raw else None
+        out.append(Target(f"resnetish gRPC c1 p50 - raw sync p50{tag(e)}",
+                          f"{_fmt(ours.p50_ms if ours else None)} ms vs {_fmt(raw.p50_ms if raw else None)} ms",
+                          "<= +1 ms", diff, None if diff is None else diff <= 1.0))
     return out
 
 

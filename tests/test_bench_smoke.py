@@ -38,3 +38,9 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert float(r["throughput"]) > 0 and int(r["count"]) > 0, r
         assert int(r["errors"]) == 0, r
     assert {r["protocol"] for r in rows if r["server"] == "raw"} == {"sync", "async"}
+    # the native gRPC engine (pygrpc-native, in the test extra) gets gRPC rows of its own
+    native = [r for r in rows if r["server"] == "ovserve-native"]
+    assert {(r["model"], r["protocol"]) for r in native} == {("add", "grpc"), ("resnetish", "grpc")}
+    for r in native:
+        assert float(r["throughput"]) > 0 and int(r["errors"]) == 0, r
+    assert "[native]" in proc.stdout and "[grpcio]" in proc.stdout, proc.stdout[-3000:]
