@@ -62,7 +62,8 @@ class _LazyReflection(grpc.GenericRpcHandler):
 
 
 ENGINES = ("grpcio", "native")
-#: Seconds the native engine's last replies get to be written before it closes its connections.
+#: Seconds the native engine's last replies get to be written (from the end of their call)
+#: before it closes its connections.
 NATIVE_FLUSH_PAUSE = 1.0
 
 
@@ -130,10 +131,11 @@ class GrpcServer:
         if self.engine == "native":
             # pygrpc-native closes its connections as soon as the handlers have returned, which
             # cuts a reply still being written (seen with 4 MB replies): so ovserve refuses new
-            # calls itself, waits for those in flight, and gives their replies a moment to go out.
+            # calls itself, waits for those in flight, and gives the last replies a moment to go out.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace
             if await self.servicer.in_flight.close(grace):
-                await asyncio.sleep(max(0.0, min(NATIVE_FLUSH_PAUSE, deadline - loop.time())))
+                flushed = self.servicer.in_flight.last_done + NATIVE_FLUSH_PAUSE
+                await asyncio.sleep(max(0.0, min(flushed, deadline) - loop.time()))
             grace = max(0.0, deadline - loop.time())
         await self.server.stop(grace)

@@ -40,6 +40,7 @@ class InFlight:
     def __init__(self) -> None:
         self.count = 0
         self.closing = False
+        self.last_done = float("-inf")  # loop time the last call ended
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -51,6 +52,7 @@ class InFlight:
 
     def leave(self) -> None:
         self.count -= 1
+        self.last_done = asyncio.get_running_loop().time()
         if self.count == 0:
             self._idle.set()
 
