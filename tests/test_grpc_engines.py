@@ -8,8 +8,10 @@ and what a user sees when the package is missing.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +83,50 @@ def test_an_unknown_engine_is_refused_by_the_command_line(demo_repo: Path) -> No
     finally:
         proc.stop()
     assert "invalid choice: 'tonic'" in proc.log, proc.log
+
+
+def test_native_shutdown_finishes_calls_in_flight_and_refuses_new_ones(tmp_path: Path) -> None:
+    """SIGTERM on the native engine: a 4 MB reply still computing arrives whole; a call started
+    afterwards on the same (open) connection gets UNAVAILABLE; the server exits 0."""
+    import threading
+
+    from tritonclient.utils import InferenceServerException
+
+    from .test_lifecycle import SLOW_K, grpc_infer, put_version, slow, slow_expected
+
+    put_version(slow(4), tmp_path / "repo" / "s", 1)
+    server = ServerProcess(["--model-repository", str(tmp_path / "repo"), "--nireq", "1", "--poll-interval", "0",
+                            "--grace-period", "20", "--grpc-engine", "native", *EXACT])
+    try:
+        server.wait_ready()
+        x = np.random.default_rng(9).standard_normal((1024, SLOW_K)).astype(np.float32)  # ~0.6 s, 4 MB reply
+        client = tgrpc.InferenceServerClient(server.grpc_target)
+        assert client.is_server_live()
+        results: dict[str, object] = {}
+
+        def call(key: str) -> None:
+            try:
+                results[key] = grpc_infer(client, "s", x)
+            except InferenceServerException as exc:
+                results[key] = exc
+
+        first = threading.Thread(target=call, args=("first",))
+        second = threading.Thread(target=call, args=("second",))  # waits for the one infer request
+        first.start()
+        second.start()
+        time.sleep(0.3)
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_log("shutting down", timeout=10)
+        with pytest.raises(InferenceServerException) as late:
+            grpc_infer(client, "s", x[:1])
+        assert late.value.status() == "StatusCode.UNAVAILABLE", late.value
+        first.join(30)
+        second.join(30)
+        assert server.proc.wait(30) == 0
+        expected = slow_expected(x, 4)
+        for key in ("first", "second"):
+            got = results.get(key)
+            assert isinstance(got, np.ndarray), (key, got, server.log)
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    finally:
+        server.stop()

@@ -127,6 +127,8 @@ class GrpcServer:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float) -> None:
+        if self.engine == "native":
+            self.servicer.in_flight.closing = True  # from now on, before anything else awaits
         await self.health.enter_graceful_shutdown()
         if self.engine == "native":
             # pygrpc-native closes its connections as soon as the handlers have returned, which
