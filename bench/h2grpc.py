@@ -53,6 +53,19 @@ def request_block(path: str, authority: str) -> bytes:
     )
 
 
+def data_frames(sid: int, message: bytes, max_frame: int) -> bytes:
+    """``message`` as DATA frames of at most ``max_frame`` bytes, the last one ending the stream."""
+    if len(message) <= max_frame:
+        return frame(DATA, END_STREAM, sid, message)
+    view, parts = memoryview(message), []
+    for at in range(0, len(message), max_frame):
+        chunk = view[at:at + max_frame]
+        last = at + max_frame >= len(message)
+        n = len(chunk)
+        parts += [struct.pack(">BHBBI", n >> 16, n & 0xFFFF, DATA, END_STREAM if last else 0, sid), chunk]
+    return b"".join(parts)
+
+
 def grpc_message(payload: bytes) -> bytes:
     """Length-prefixed, uncompressed gRPC message."""
     return b"\x00" + struct.pack(">I", len(payload)) + payload
@@ -243,10 +256,11 @@ class GrpcH2Connection(asyncio.Protocol):
         try:
             head = frame(HEADERS, END_HEADERS, sid, block)
             n = len(message)
-            if n <= self.peer_max_frame and n <= self.send_window and n <= s.window:
+            if n <= self.send_window and n <= s.window:
+                # the windows allow it all: every frame in one write (one syscall, not two per frame)
                 self.send_window -= n
                 s.window -= n
-                self.transport.write(head + frame(DATA, END_STREAM, sid, message))  # type: ignore[union-attr]
+                self.transport.write(head + data_frames(sid, message, self.peer_max_frame))  # type: ignore[union-attr]
             else:
                 self.transport.write(head)  # type: ignore[union-attr]
                 await self._send_data(sid, s, memoryview(message))
