@@ -196,6 +196,32 @@ def test_tritonclient_grpc(transformer: TransformerProcess) -> None:
     client.close()
 
 
+def test_grpc_on_the_native_engine(predictor: ServerProcess, handlers: Path) -> None:
+    """``--grpc_engine native``: the transformer's gRPC port on pygrpc-native, metadata and errors alike."""
+    pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    proc = TransformerProcess("--handler", "handlers:Double", "--model_name", "matmul", "--grpc_engine", "native",
+                              "--predictor_host", predictor.grpc_target, "--predictor_protocol", "grpc-v2",
+                              env={"PYTHONPATH": str(handlers)}).wait_ready()
+    try:
+        assert "native (pygrpc-native " in proc.wait_log("gRPC engine: ")
+        client = grpcclient.InferenceServerClient(proc.grpc_target)
+        inp = grpcclient.InferInput("x", [2, 8], "FP32")
+        inp.set_data_from_numpy(X)
+        np.testing.assert_allclose(client.infer("matmul", [inp]).as_numpy("y"), expected(X), rtol=1e-5)
+        assert client.get_model_metadata("matmul", as_json=True)["name"] == "matmul"
+        bad = grpcclient.InferInput("x", [1, 3], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("matmul", [bad])
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "predictor: " in err.value.message()
+        client.close()
+    finally:
+        assert proc.stop() == 0, proc.output.text
+
+
 def test_v1_predict_with_curl(transformer: TransformerProcess) -> None:
     curl = shutil.which("curl")
     if curl is None:

@@ -68,6 +68,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
           help="ready only while the predictor's model is ready")
     _flag(p, "--http_port", type=int, default=8080, help="REST port; 0 picks a free one (logged)")
     _flag(p, "--grpc_port", type=int, default=None, help="serve KServe V2 gRPC on this port too; 0 picks a free one")
+    _flag(p, "--grpc_engine", default="grpcio", choices=["grpcio", "native"],
+          help="gRPC server: grpcio (grpc.aio) or native (pygrpc-native; see `ovserve serve --help`)")
     _flag(p, "--host", default="0.0.0.0", help="address to listen on")
     _flag(p, "--max_request_bytes", type=int, default=256 << 20, help="largest request accepted")
     _flag(p, "--grace_period", type=float, default=10.0, help="seconds in-flight requests get on SIGTERM")
@@ -220,10 +222,15 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
         if ns.grpc_port is not None:
             from ..transports.grpc_v2.server import GrpcServer
 
-            grpc_server = GrpcServer(dp, ns.max_request_bytes, [_metadata_interceptor()])  # type: ignore[arg-type]
+            grpc_server = GrpcServer(dp, ns.max_request_bytes, [_metadata_interceptor()],  # type: ignore[arg-type]
+                                     engine=ns.grpc_engine)
             grpc_port = grpc_server.bind(ns.host, ns.grpc_port)
     except OSError as exc:
         log.error("cannot start: %s", exc)
+        await client.aclose()
+        return 1
+    except InvalidInput as exc:
+        log.error("cannot start: %s", exc.message)
         await client.aclose()
         return 1
     rest = RestServer(app, ns.grace_period)
