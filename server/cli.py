@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .config import Settings
+from .config import GRPC_ENGINES, Settings
 
 ENV_PREFIX = "OVSERVE_"
 #: subcommands whose parser (``add_parser(sub)``) and entry point live in their own module
@@ -87,7 +87,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(net, "--grpc-engine", str, d.grpc_engine,
          "gRPC server: grpcio (grpc.aio) or native (pygrpc-native: HTTP/2 outside the GIL, "
          "2-3x the calls per second for small requests; pip install 'ovserve[grpc-native]')",
-         choices=["grpcio", "native"])
+         choices=list(GRPC_ENGINES))
     _add(net, "--max-request-bytes", int, d.max_request_bytes, "largest request accepted, REST and gRPC")
     _add(net, "--max-image-pixels", int, d.max_image_pixels, "largest encoded image decoded (width x height)")
     ops = serve.add_argument_group("operation")

@@ -11,6 +11,10 @@ from pathlib import Path
 from typing import Any
 
 
+#: gRPC server engines (``--grpc-engine``) and the package each one needs.
+GRPC_ENGINES = {"grpcio": "grpcio", "native": "pygrpc-native"}
+
+
 @dataclass(slots=True)
 class Settings:
     #: Serve every model folder in this directory (OVMS repository layout).

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import ports
 from ..codecs import bytes_tensor
+from ..config import GRPC_ENGINES
 from ..errors import InvalidInput
 from ..types import InferRequest, Tensor
 from .predictor import PROTOCOLS
@@ -68,7 +69,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
           help="ready only while the predictor's model is ready")
     _flag(p, "--http_port", type=int, default=8080, help="REST port; 0 picks a free one (logged)")
     _flag(p, "--grpc_port", type=int, default=None, help="serve KServe V2 gRPC on this port too; 0 picks a free one")
-    _flag(p, "--grpc_engine", default="grpcio", choices=["grpcio", "native"],
+    _flag(p, "--grpc_engine", default="grpcio", choices=list(GRPC_ENGINES),
           help="gRPC server: grpcio (grpc.aio) or native (pygrpc-native; see `ovserve serve --help`)")
     _flag(p, "--host", default="0.0.0.0", help="address to listen on")
     _flag(p, "--max_request_bytes", type=int, default=256 << 20, help="largest request accepted")

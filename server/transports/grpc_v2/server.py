@@ -12,13 +12,13 @@ Two engines serve the same servicers (see docs/performance.md for the numbers):
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
 import logging
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from ...config import GRPC_ENGINES
 from ...dataplane import DataPlane
 from ...errors import InvalidInput
 from ...proto import grpc_predict_v2_pb2 as pb
@@ -61,7 +61,6 @@ class _LazyReflection(grpc.GenericRpcHandler):
         pass
 
 
-ENGINES = ("grpcio", "native")
 #: Seconds the native engine's last replies get to be written (from the end of their call)
 #: before it closes its connections.
 NATIVE_FLUSH_PAUSE = 1.0
@@ -79,7 +78,7 @@ def make_server(engine: str, options: list[tuple[str, Any]], interceptors: list 
                 "--grpc-engine native needs the pygrpc-native package: pip install 'ovserve[grpc-native]'"
             ) from exc
         return pygrpc_native.aio.server(options=options, interceptors=interceptors)  # type: ignore[return-value]
-    raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINES)}")
 
 
 class GrpcServer:
@@ -103,7 +102,7 @@ class GrpcServer:
     def describe(self) -> str:
         from importlib.metadata import version
 
-        package = {"grpcio": "grpcio", "native": "pygrpc-native"}[self.engine]
+        package = GRPC_ENGINES[self.engine]
         return f"{self.engine} ({package} {version(package)})"
 
     def bind(self, host: str, port: int) -> int:
@@ -127,17 +126,22 @@ class GrpcServer:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float) -> None:
-        if self.engine == "native":
+        native = self.engine == "native"
+        if native:
             self.servicer.in_flight.closing = True  # from now on, before anything else awaits
         await self.health.enter_graceful_shutdown()
-        if self.engine == "native":
-            # pygrpc-native closes its connections as soon as the handlers have returned, which
-            # cuts a reply still being written (seen with 4 MB replies): so ovserve refuses new
-            # calls itself, waits for those in flight, and gives the last replies a moment to go out.
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + grace
-            if await self.servicer.in_flight.close(grace):
-                flushed = self.servicer.in_flight.last_done + NATIVE_FLUSH_PAUSE
-                await asyncio.sleep(max(0.0, min(flushed, deadline) - loop.time()))
-            grace = max(0.0, deadline - loop.time())
+        if native:
+            grace = await self._drain(grace)
         await self.server.stop(grace)
+
+    async def _drain(self, grace: float) -> float:
+        """pygrpc-native closes its connections as soon as the handlers have returned, which
+        cuts a reply still being written (seen with 4 MB replies): so for it ovserve waits for
+        the calls in flight (new ones are refused) and gives the last replies a moment to go
+        out. Returns what is left of the grace period."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        in_flight = self.servicer.in_flight
+        if await in_flight.wait_idle(grace):
+            await asyncio.sleep(max(0.0, min(in_flight.last_done + NATIVE_FLUSH_PAUSE, deadline) - loop.time()))
+        return max(0.0, deadline - loop.time())

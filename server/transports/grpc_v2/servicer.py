@@ -56,9 +56,8 @@ class InFlight:
         if self.count == 0:
             self._idle.set()
 
-    async def close(self, timeout: float) -> bool:
-        """Refuse new calls; wait up to ``timeout`` s for those in flight. True if none is left."""
-        self.closing = True
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the calls in flight to end. True if none is left."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
