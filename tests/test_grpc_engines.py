@@ -130,3 +130,13 @@ def test_native_shutdown_finishes_calls_in_flight_and_refuses_new_ones(tmp_path:
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     finally:
         server.stop()
+
+
+def test_an_unknown_engine_from_the_environment_is_refused_with_the_choices(demo_repo: Path) -> None:
+    """The environment bypasses argparse's choices: the server itself names them, and exits 1."""
+    proc = ServerProcess(["--model-repository", str(demo_repo)], env={"OVSERVE_GRPC_ENGINE": "tonic"})
+    try:
+        assert proc.proc.wait(60) == 1
+    finally:
+        proc.stop()
+    assert "cannot start: unknown gRPC engine 'tonic'; choose one of grpcio, native" in proc.log, proc.log
