@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,9 +27,10 @@ F32 = {"INFERENCE_PRECISION_HINT": "f32"}
 
 
 def _load(tmp_path: Path, model: ov.Model, **options: object) -> OpenVINOModel:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "model.xml"
     ov.save_model(model, str(path))
-    loaded = OpenVINOModel(path, LoadOptions(plugin_config=dict(F32), **options))  # type: ignore[arg-type]
+    loaded = OpenVINOModel(path, LoadOptions(**{"plugin_config": dict(F32), **options}))  # type: ignore[arg-type]
     loaded.load()
     return loaded
 
@@ -54,6 +56,7 @@ def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inli
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch is by measured duration; both paths are forced here (no timing in the test)."""
     monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(rt, "INLINE_WHOLE_MACHINE_BELOW_S", inline_below)
     model = _load(tmp_path, models.add_one(), nireq=2)
     started = []
     real_start = rt._Completions.on_done
@@ -74,6 +77,26 @@ def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inli
     else:
         assert len(started) == 26
     assert len(model._idle) == 2
+
+
+CPUS = len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(("config", "whole_machine"), [
+    ({"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": CPUS}, True),
+    ({"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2}, False),
+    pytest.param({"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1}, False,
+                 marks=pytest.mark.skipif(CPUS < 2, reason="one CPU: one thread is every CPU")),
+], ids=["one-stream-every-cpu", "two-streams", "one-thread"])
+def test_only_a_stream_that_fills_every_cpu_runs_milliseconds_long_inferences_inline(
+        tmp_path: Path, config: dict, whole_machine: bool) -> None:
+    """Overlapping the loop with such an inference only takes a core from it; with
+    streams or cores to spare, the loop keeps working while OpenVINO runs."""
+    model = _load(tmp_path, models.add_one(), plugin_config={**F32, **config})
+    assert model.inline_below == (rt.INLINE_WHOLE_MACHINE_BELOW_S if whole_machine else rt.INLINE_BELOW_S)
+    if whole_machine:  # ... but not when dynamic batching gathers the next batch meanwhile
+        batched = _load(tmp_path / "b", models.add_one(), plugin_config={**F32, **config}, max_batch_size=4)
+        assert batched.inline_below == rt.INLINE_BELOW_S
 
 
 def test_read_only_and_strided_inputs_are_copied_not_refused(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import threading
 import time
@@ -133,6 +134,16 @@ def _apply_options(model: ov.Model, opts: LoadOptions) -> ov.Model:
     return model
 
 
+def _one_stream_on_every_cpu(compiled: ov.CompiledModel) -> bool:
+    """Whether the compiled model runs one stream whose threads cover every CPU we may use."""
+    try:
+        streams = int(compiled.get_property("NUM_STREAMS"))
+        threads = int(compiled.get_property("INFERENCE_NUM_THREADS"))
+    except Exception:  # a device without these properties (GPU, AUTO...): keep inferences off the loop
+        return False
+    return streams == 1 and threads >= len(os.sched_getaffinity(0))
+
+
 def find_model_file(version_dir: Path) -> Path:
     """The model file in a version folder: model.xml/.onnx first, else the only one."""
     for name in ("model.xml", "model.onnx"):
@@ -150,6 +161,14 @@ def find_model_file(version_dir: Path) -> Path:
 #: loop: a thread hop, a GIL hand-off and a loop wake-up cost more than the
 #: inference itself (measured in bench/: add REST JSON c16 +60-90%).
 INLINE_BELOW_S = 150e-6
+#: ... and a model whose one stream already runs on every CPU the process may use
+#: (the LATENCY hint on a small machine) runs inferences up to this long inline:
+#: work overlapped with such an inference only takes a core from OpenVINO's
+#: threads, which then wait for it at every layer, and the completion callback
+#: stalls the stream until it gets the GIL. Serial is faster there (resnetish,
+#: 2 cores, gRPC c4 +7..17%, c16 +9..16%, p99 -10..26%: docs/performance.md).
+#: The loop is blocked for at most this long per inference.
+INLINE_WHOLE_MACHINE_BELOW_S = 10e-3
 #: Weight of the newest measurement in the running estimate of an inference's duration.
 _EWMA = 0.2
 
@@ -210,7 +229,8 @@ class OpenVINOModel:
     arrays as shared ``ov.Tensor``s (read-only or strided ones copied once),
     and either starts it
     asynchronously and awaits its completion, or, for a model whose inferences
-    take microseconds, runs it inline on the loop thread with the GIL released.
+    take microseconds (a few milliseconds when its one stream fills every CPU),
+    runs it inline on the loop thread with the GIL released.
     """
 
     def __init__(self, path: Path, options: LoadOptions) -> None:
@@ -225,6 +245,8 @@ class OpenVINOModel:
         self._completions: _Completions | None = None
         #: running estimate of one inference's duration (seconds); None until measured
         self.cost: float | None = None
+        #: inferences whose running cost is below this run inline on the loop
+        self.inline_below = INLINE_BELOW_S
         self.nireq = 0
         self.batcher: Any = None
 
@@ -254,6 +276,10 @@ class OpenVINOModel:
         self._compiled = compiled
         self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
         self._idle = deque(self._slots)
+        # A batcher overlaps gathering the next batch with the running one: keep
+        # that (inline batches measured no faster).
+        whole_machine = opts.max_batch_size <= 1 and _one_stream_on_every_cpu(compiled)
+        self.inline_below = INLINE_WHOLE_MACHINE_BELOW_S if whole_machine else INLINE_BELOW_S
         if opts.max_batch_size > 1:
             from .batching import DynamicBatcher, batchable  # noqa: PLC0415 - only for models that batch
 
@@ -306,7 +332,7 @@ class OpenVINOModel:
             self.release(slot)
             raise
         cost = self.cost
-        if cost is not None and cost < INLINE_BELOW_S:
+        if cost is not None and cost < self.inline_below:
             return self._run_inline(slot)
         loop = asyncio.get_running_loop()
         completions = self._completions
