@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import requests
@@ -38,12 +38,12 @@ class ComponentProcess:
     timeout: float = 60
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-                 grpc: bool = True) -> None:
+                 grpc: bool = True, preexec_fn: Callable[[], None] | None = None) -> None:
         self.args = [sys.executable, "-m", "ovserve.server", *command]
         self.grpc = grpc
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     env=full_env, cwd=cwd, text=True)
+                                     env=full_env, cwd=cwd, text=True, preexec_fn=preexec_fn)
         assert self.proc.stderr is not None
         self.output = ServerLog(self.proc.stderr)
 
@@ -126,8 +126,10 @@ class ServerProcess(ComponentProcess):
 
     kind = "server"
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
-        super().__init__(["serve", "--host", "127.0.0.1", "--rest-port", "0", "--grpc-port", "0", *args], env, cwd)
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        super().__init__(["serve", "--host", "127.0.0.1", "--rest-port", "0", "--grpc-port", "0", *args], env, cwd,
+                         preexec_fn=preexec_fn)
 
 
 #: Real photos from scikit-image and what the ImageNet classifier must call them.

@@ -18,6 +18,7 @@ import pytest
 
 from ovserve.server.errors import FailedPrecondition, InvalidInput
 from ovserve.server.repository.config import parse_config
+from ovserve.server.runtime import cpus
 from ovserve.server.runtime import openvino as rt
 from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
 
@@ -79,14 +80,14 @@ def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inli
     assert len(model._idle) == 2
 
 
-CPUS = len(os.sched_getaffinity(0))
+CPUS = cpus.cpu_budget().usable  # the CPUs in sight, or fewer under a cgroup CPU quota
 
 
 @pytest.mark.parametrize(("config", "whole_machine"), [
     ({"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": CPUS}, True),
     ({"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2}, False),
     pytest.param({"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1}, False,
-                 marks=pytest.mark.skipif(CPUS < 2, reason="one CPU: one thread is every CPU")),
+                 marks=pytest.mark.skipif(CPUS < 2, reason="one usable CPU: one thread is every CPU")),
 ], ids=["one-stream-every-cpu", "two-streams", "one-thread"])
 def test_only_a_stream_that_fills_every_cpu_runs_milliseconds_long_inferences_inline(
         tmp_path: Path, config: dict, whole_machine: bool) -> None:
@@ -97,6 +98,56 @@ def test_only_a_stream_that_fills_every_cpu_runs_milliseconds_long_inferences_in
     if whole_machine:  # ... but not when dynamic batching gathers the next batch meanwhile
         batched = _load(tmp_path / "b", models.add_one(), plugin_config={**F32, **config}, max_batch_size=4)
         assert batched.inline_below == rt.INLINE_BELOW_S
+
+
+@pytest.fixture
+def one_cpu_quota(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process seen through a cgroup v2 tree that allows it 1 CPU of time (a pod's limits.cpu: 1)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU in sight: a quota of one CPU caps nothing")
+    root = tmp_path / "cgroup"
+    (root / "pod" / "ctr").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "pod" / "cpu.max").write_text("100000 100000\n")
+    (root / "pod" / "ctr" / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "self-cgroup").write_text("0::/pod/ctr\n")
+    monkeypatch.setattr(cpus, "CGROUP_ROOT", root)
+    monkeypatch.setattr(cpus, "PROC_SELF_CGROUP", tmp_path / "self-cgroup")
+    return root
+
+
+@pytest.mark.parametrize("hint", ["LATENCY", "THROUGHPUT"])
+def test_a_cgroup_cpu_quota_caps_openvinos_threads(tmp_path: Path, one_cpu_quota: Path, hint: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """OpenVINO counts the CPUs it sees, not the time it may use: under a 1-CPU quota a
+    thread per visible CPU only gets the group throttled (p99 1.5 -> 53 ms measured)."""
+    with caplog.at_level("INFO", logger=rt.__name__):
+        model = _load(tmp_path / "m", models.add_one(), plugin_config={**F32, "PERFORMANCE_HINT": hint})
+    compiled = model._compiled
+    assert compiled is not None
+    assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    assert int(compiled.get_property("NUM_STREAMS")) == 1
+    assert "cgroup CPU quota allows 1 of the" in caplog.text and "INFERENCE_NUM_THREADS 1" in caplog.text
+    # one stream on every CPU it may use: the whole-machine inline rule applies
+    assert model.inline_below == rt.INLINE_WHOLE_MACHINE_BELOW_S
+    x = _rows(3, 9)
+    np.testing.assert_allclose(asyncio.run(model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
+
+
+def test_threads_chosen_in_plugin_config_win_over_the_quota(tmp_path: Path, one_cpu_quota: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger=rt.__name__):
+        model = _load(tmp_path / "m", models.add_one(), plugin_config={**F32, "INFERENCE_NUM_THREADS": 2})
+    assert model._compiled is not None and int(model._compiled.get_property("INFERENCE_NUM_THREADS")) == 2
+    assert "cgroup CPU quota" not in caplog.text
+
+
+def test_without_a_quota_openvino_chooses_its_threads(tmp_path: Path, one_cpu_quota: Path) -> None:
+    (one_cpu_quota / "pod" / "cpu.max").write_text("max 100000\n")
+    model = _load(tmp_path / "m", models.add_one())
+    plain = ov.Core().compile_model(models.add_one(), "CPU", {**F32, "PERFORMANCE_HINT": "LATENCY"})
+    assert model._compiled is not None
+    assert model._compiled.get_property("INFERENCE_NUM_THREADS") == plain.get_property("INFERENCE_NUM_THREADS")
 
 
 def test_read_only_and_strided_inputs_are_copied_not_refused(tmp_path: Path) -> None:

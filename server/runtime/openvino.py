@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import threading
 import time
@@ -24,6 +23,7 @@ import openvino as ov
 from ..codecs.datatypes import OV_TO_V2
 from ..errors import FailedPrecondition, InternalError, InvalidInput
 from ..types import Dim, PortInfo
+from . import cpus
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _one_stream_on_every_cpu(compiled: ov.CompiledModel) -> bool:
         threads = int(compiled.get_property("INFERENCE_NUM_THREADS"))
     except Exception:  # a device without these properties (GPU, AUTO...): keep inferences off the loop
         return False
-    return streams == 1 and threads >= len(os.sched_getaffinity(0))
+    return streams == 1 and threads >= cpus.cpu_budget().usable
 
 
 def find_model_file(version_dir: Path) -> Path:
@@ -265,6 +265,8 @@ class OpenVINOModel:
             raise FailedPrecondition(f"cannot apply shape/layout/batch_size: {_first_line(exc)}") from None
         config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO") for k, v in opts.plugin_config.items()}
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
+        if opts.device == "CPU" and "INFERENCE_NUM_THREADS" not in config:
+            self._fit_threads_to_quota(config)
         try:
             compiled = core().compile_model(model, opts.device, config)
         except Exception as exc:
@@ -287,6 +289,15 @@ class OpenVINOModel:
             if why_not:
                 raise FailedPrecondition(f"max_batch_size {opts.max_batch_size}: {why_not}")
             self.batcher = DynamicBatcher(self, opts.max_batch_size, opts.max_queue_delay_us)
+
+    def _fit_threads_to_quota(self, config: dict[str, Any]) -> None:
+        """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""
+        budget = cpus.cpu_budget()
+        if budget.capped:
+            config["INFERENCE_NUM_THREADS"] = budget.usable
+            log.info("%s: the cgroup CPU quota allows %g of the %d CPUs in sight: INFERENCE_NUM_THREADS %d "
+                     "(set INFERENCE_NUM_THREADS in plugin_config to choose)", self.path, budget.quota,
+                     budget.visible, budget.usable)
 
     @staticmethod
     def _port(port: Any, index: int, kind: str) -> PortInfo:
