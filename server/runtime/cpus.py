@@ -23,6 +23,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -69,27 +70,28 @@ def _tightest(values: list[float]) -> float | None:
     return min(values) if values else None
 
 
-def _v2_quota(base: Path, rel: str) -> float | None:
-    found = []
-    for folder in _ancestors(base, rel):
-        parts = (_read(folder / "cpu.max") or "").split()
-        if len(parts) == 2 and parts[0] != "max":
-            try:
-                quota, period = int(parts[0]), int(parts[1])
-            except ValueError:
-                continue
-            if quota > 0 and period > 0:
-                found.append(quota / period)
-    return _tightest(found)
+#: (quota, period) of a cgroup without a CPU limit, as the files below read when absent
+NO_LIMIT = ("-1", "0")
 
 
-def _v1_quota(base: Path, rel: str) -> float | None:
+def _v2_limit(folder: Path) -> tuple[str, str]:
+    """cgroup v2: ``cpu.max`` is "QUOTA PERIOD", or "max PERIOD" without a limit."""
+    parts = (_read(folder / "cpu.max") or "").split()
+    return (parts[0], parts[1]) if len(parts) == 2 else NO_LIMIT
+
+
+def _v1_limit(folder: Path) -> tuple[str, str]:
+    """cgroup v1: ``cpu.cfs_quota_us`` (-1 without a limit) and ``cpu.cfs_period_us``."""
+    return _read(folder / "cpu.cfs_quota_us") or NO_LIMIT[0], _read(folder / "cpu.cfs_period_us") or NO_LIMIT[1]
+
+
+def _quota(base: Path, rel: str, limit: Callable[[Path], tuple[str, str]]) -> float | None:
+    """The tightest quota, in CPUs, of the cgroup ``rel`` under ``base`` and its ancestors."""
     found = []
     for folder in _ancestors(base, rel):
         try:
-            quota = int(_read(folder / "cpu.cfs_quota_us") or "-1")
-            period = int(_read(folder / "cpu.cfs_period_us") or "0")
-        except ValueError:
+            quota, period = (int(v) for v in limit(folder))
+        except ValueError:  # "max", or garbage
             continue
         if quota > 0 and period > 0:
             found.append(quota / period)
@@ -105,10 +107,10 @@ def cgroup_cpu_quota(root: Path, proc_cgroup: Path) -> float | None:
         if hier == "0" and controllers == "":
             # cgroup v2: the unified hierarchy at the root, or under unified/ beside v1 (hybrid)
             base = root if (root / "cgroup.controllers").exists() else root / "unified"
-            quota = _v2_quota(base, rel)
+            quota = _quota(base, rel, _v2_limit)
         elif "cpu" in controllers.split(","):
             base = next((root / name for name in V1_CPU_MOUNTS if (root / name).is_dir()), None)
-            quota = _v1_quota(base, rel) if base is not None else None
+            quota = _quota(base, rel, _v1_limit) if base is not None else None
         else:
             continue
         if quota is not None:
