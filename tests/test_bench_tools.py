@@ -1,0 +1,59 @@
+"""The benchmark's side instruments run end to end, so they cannot rot.
+
+``bench.floor`` (raw OpenVINO beside the bytes served requests move) and
+``bench.contention`` (raw OpenVINO beside a CPU competitor) each run once for
+a fraction of a second; what they print is checked for shape and sense,
+never for speed.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from bench import floor, specs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_wire_messages_are_the_served_request_and_reply() -> None:
+    spec = specs.SPECS["resnetish"]
+    x = spec.sample()
+    request, reply = floor.wire_messages(spec, x)
+    for framed in (request, reply):
+        assert framed[0] == 0 and int.from_bytes(framed[1:5], "big") == len(framed) - 5
+    parsed = pb.ModelInferRequest.FromString(request[5:])
+    assert (parsed.model_name, list(parsed.inputs[0].shape)) == ("resnetish", [1, 3, 224, 224])
+    np.testing.assert_array_equal(np.frombuffer(parsed.raw_input_contents[0], np.float32).reshape(x.shape), x)
+    answer = pb.ModelInferResponse.FromString(reply[5:])
+    assert len(answer.raw_output_contents[0]) == 4 * 1000
+
+
+@pytest.mark.slow
+def test_floor_runs_raw_openvino_beside_the_wire() -> None:
+    out = _run("bench.floor", "--repeat", "1", "--seconds", "0.5")
+    alone = re.search(r"alone: (\d+)/s", out)
+    beside = re.search(r"(\d+)/s carried: (\d+) MB/s in.*\): (\d+)/s = ([\d.]+) x alone", out)
+    assert alone and beside, out
+    assert int(alone.group(1)) > 0 and int(beside.group(1)) > 0 and int(beside.group(3)) > 0, out
+    assert re.search(r"a server at 0\.85 x raw async is (within|out of) reach", out), out
+
+
+@pytest.mark.slow
+def test_contention_runs_raw_openvino_beside_a_competitor() -> None:
+    out = _run("bench.contention", "--models", "resnetish", "--shares", "0,0.2", "--repeat", "1", "--seconds", "0.5")
+    line = re.search(r"resnetish \(LATENCY\): 0%: (\d+)/s \(1\.00\)  20%: (\d+)/s \(([\d.]+)\)", out)
+    assert line and int(line.group(1)) > 0 and int(line.group(2)) > 0, out
