@@ -134,14 +134,14 @@ def _apply_options(model: ov.Model, opts: LoadOptions) -> ov.Model:
     return model
 
 
-def _one_stream_on_every_cpu(compiled: ov.CompiledModel) -> bool:
+def _one_stream_on_every_cpu(compiled: ov.CompiledModel, usable_cpus: int) -> bool:
     """Whether the compiled model runs one stream whose threads cover every CPU we may use."""
     try:
         streams = int(compiled.get_property("NUM_STREAMS"))
         threads = int(compiled.get_property("INFERENCE_NUM_THREADS"))
     except Exception:  # a device without these properties (GPU, AUTO...): keep inferences off the loop
         return False
-    return streams == 1 and threads >= cpus.cpu_budget().usable
+    return streams == 1 and threads >= usable_cpus
 
 
 def find_model_file(version_dir: Path) -> Path:
@@ -265,8 +265,9 @@ class OpenVINOModel:
             raise FailedPrecondition(f"cannot apply shape/layout/batch_size: {_first_line(exc)}") from None
         config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO") for k, v in opts.plugin_config.items()}
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
+        budget = cpus.cpu_budget()  # read once per load
         if opts.device == "CPU" and "INFERENCE_NUM_THREADS" not in config:
-            self._fit_threads_to_quota(config)
+            self._fit_threads_to_quota(config, budget)
         try:
             compiled = core().compile_model(model, opts.device, config)
         except Exception as exc:
@@ -280,7 +281,7 @@ class OpenVINOModel:
         self._idle = deque(self._slots)
         # A batcher overlaps gathering the next batch with the running one: keep
         # that (inline batches measured no faster).
-        whole_machine = opts.max_batch_size <= 1 and _one_stream_on_every_cpu(compiled)
+        whole_machine = opts.max_batch_size <= 1 and _one_stream_on_every_cpu(compiled, budget.usable)
         self.inline_below = INLINE_WHOLE_MACHINE_BELOW_S if whole_machine else INLINE_BELOW_S
         if opts.max_batch_size > 1:
             from .batching import DynamicBatcher, batchable  # noqa: PLC0415 - only for models that batch
@@ -290,9 +291,8 @@ class OpenVINOModel:
                 raise FailedPrecondition(f"max_batch_size {opts.max_batch_size}: {why_not}")
             self.batcher = DynamicBatcher(self, opts.max_batch_size, opts.max_queue_delay_us)
 
-    def _fit_threads_to_quota(self, config: dict[str, Any]) -> None:
+    def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""
-        budget = cpus.cpu_budget()
         if budget.capped:
             config["INFERENCE_NUM_THREADS"] = budget.usable
             log.info("%s: the cgroup CPU quota allows %g of the %d CPUs in sight: INFERENCE_NUM_THREADS %d "
