@@ -17,10 +17,17 @@ from typing import Callable, Iterator
 
 import pytest
 import requests
+from hypothesis import HealthCheck, settings
 
 from ovserve.server.ports import ServerLog
 
 from . import models
+
+# Property-based tests run on a shared 2-core machine next to live servers: no per-example
+# deadline (a slow example is not a failure), and a fixed seed under CI so a run is repeatable.
+settings.register_profile("ovserve", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                          derandomize=bool(os.environ.get("CI")), print_blob=True)
+settings.load_profile("ovserve")
 
 #: Full FP32 precision, so that expected values computed with numpy match
 #: closely (the CPU plugin may otherwise run FP32 models in BF16).
