@@ -43,14 +43,16 @@ class DataPlane:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the model (version) can serve: available, and its inferences making progress."""
         served = self.manager.served(name)  # NotFound for an unknown model
         if version:
             try:
-                self.manager.version(name, version)
+                mv = self.manager.version(name, version)
             except Unavailable:
                 return False
-            return True
-        return bool(served.available())
+            return mv.model is not None and not mv.model.stalled()
+        available = served.available()  # requests without a version go to the latest
+        return bool(available) and available[-1].model is not None and not available[-1].model.stalled()
 
     def model_names(self) -> list[str]:
         return sorted(self.manager.models)
