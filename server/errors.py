@@ -12,6 +12,10 @@ from __future__ import annotations
 class ServerError(Exception):
     """Base of every error a client may see. ``str(err)`` is the client message."""
 
+    #: set by the layer that already logged this error (it knew more, e.g. which model
+    #: failed), so that a transport does not log it a second time
+    logged: bool = False
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message

@@ -21,9 +21,10 @@ import numpy as np
 import openvino as ov
 
 from ..codecs.datatypes import OV_TO_V2
-from ..errors import FailedPrecondition, InternalError, InvalidInput
+from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
 from . import cpus
+from .failures import inference_error
 
 log = logging.getLogger(__name__)
 
@@ -172,19 +173,41 @@ INLINE_WHOLE_MACHINE_BELOW_S = 10e-3
 #: Weight of the newest measurement in the running estimate of an inference's duration.
 _EWMA = 0.2
 
+#: OpenVINO calls no completion callback for an asynchronous inference that fails
+#: (its Python binding rethrows the error instead of calling back), so an
+#: inference still running after CHECK_AFTER_COSTS times the model's usual
+#: duration (at least CHECK_MIN_S) is asked whether it failed, and asked again
+#: at intervals that double with its age up to CHECK_MAX_S. A shape mismatch
+#: fails within microseconds, so its client hears within a few milliseconds.
+CHECK_AFTER_COSTS = 2.0
+CHECK_MIN_S = 2e-3
+CHECK_MAX_S = 0.5
+#: An inference running longer than this, or STALL_COSTS times the model's usual
+#: duration when that is longer, means the model has stopped making progress: it
+#: reports not ready until the inference ends.
+STALL_MIN_S = 30.0
+STALL_COSTS = 100.0
+
 
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("request", "future", "started", "keep")
+    __slots__ = ("request", "future", "started", "keep", "check_at", "stall_logged", "log_failure")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
+        #: set while an asynchronous inference runs on this request
         self.future: asyncio.Future | None = None
         self.started = 0.0
         #: the arrays OpenVINO reads in place: alive until the request is done with them,
         #: even if the caller has gone away (an ov.Tensor does not keep its array alive)
         self.keep: list[np.ndarray] | None = None
+        #: loop time at which the running inference is next asked whether it failed
+        self.check_at = 0.0
+        self.stall_logged = False
+        #: whether a failure of the running inference is logged (a batch that fails is
+        #: run again member by member, and only those runs speak)
+        self.log_failure = True
 
 
 class _Completions:
@@ -243,6 +266,8 @@ class OpenVINOModel:
         self._idle: deque[_Slot] = deque()
         self._waiters: deque[asyncio.Future] = deque()
         self._completions: _Completions | None = None
+        #: the next look at running inferences for failures (see CHECK_AFTER_COSTS)
+        self._watch: asyncio.TimerHandle | None = None
         #: running estimate of one inference's duration (seconds); None until measured
         self.cost: float | None = None
         #: inferences whose running cost is below this run inline on the loop
@@ -315,6 +340,9 @@ class OpenVINOModel:
         return PortInfo(name, datatype, _dims(port.get_partial_shape(), f"{kind} {name}"), index, layout)
 
     def unload(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         self._slots = []
         self._idle.clear()
         self._compiled = None
@@ -335,8 +363,9 @@ class OpenVINOModel:
         """An idle infer request (waits for one); give it to :meth:`run_on` or :meth:`release`."""
         return self._idle.popleft() if self._idle else await self._wait_idle()
 
-    async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray], log_failure: bool = True) -> dict[str, np.ndarray]:
         """Run ``inputs`` on an acquired infer request; the request goes back to the pool."""
+        slot.log_failure = log_failure
         try:
             self._feed(slot, inputs)
         except BaseException:
@@ -356,11 +385,13 @@ class OpenVINOModel:
         try:
             slot.request.start_async()
         except Exception as exc:
-            slot.future = slot.keep = None
+            slot.future = None
+            err = self._failed(slot, exc)
             self.release(slot)
-            raise InvalidInput(f"the model refused the inputs: {_first_line(exc)}") from None
+            raise err from None
+        self._watch_for_failure(slot, loop)
         # The slot goes back to the pool when OpenVINO is done with it (in
-        # _settle), whether or not this caller is still waiting.
+        # _settle or _sweep), whether or not this caller is still waiting.
         return await fut
 
     def _feed(self, slot: _Slot, inputs: dict[str, np.ndarray]) -> None:
@@ -389,15 +420,15 @@ class OpenVINOModel:
     def _run_inline(self, slot: _Slot) -> dict[str, np.ndarray]:
         started = time.perf_counter()
         try:
-            slot.request.infer()  # the GIL is released while OpenVINO runs
-            outputs = self._read_outputs(slot)
-        except Exception as exc:
-            raise InternalError(f"inference failed: {_first_line(exc)}") from None
+            try:
+                slot.request.infer()  # the GIL is released while OpenVINO runs
+            except Exception as exc:
+                raise self._failed(slot, exc) from None
+            self._measured(time.perf_counter() - started)
+            return self._read_outputs(slot)
         finally:
             slot.keep = None
-            self._measured(time.perf_counter() - started)
             self.release(slot)
-        return outputs
 
     def _settle(self, slot: _Slot, finished: float) -> None:
         """On the loop: a started request finished; hand its outputs over, free the slot."""
@@ -406,13 +437,76 @@ class OpenVINOModel:
         self._measured(finished - slot.started)
         try:
             outputs = self._read_outputs(slot)
-        except Exception as exc:  # pragma: no cover - runtime failures are rare
+        except ServerError as exc:
             if fut is not None and not fut.done():
-                fut.set_exception(InternalError(f"inference failed: {_first_line(exc)}"))
+                fut.set_exception(exc)
         else:
             if fut is not None and not fut.done():
                 fut.set_result(outputs)
         self.release(slot)
+
+    # -- failed asynchronous inferences -------------------------------------
+    def _watch_for_failure(self, slot: _Slot, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sure the just-started inference on ``slot`` is looked at if it does not complete."""
+        delay = max(CHECK_MIN_S, CHECK_AFTER_COSTS * (self.cost or 0.0))
+        due = slot.check_at = loop.time() + delay
+        slot.stall_logged = False
+        watch = self._watch
+        # One timer per model: moved earlier only when this inference is due well before it.
+        if watch is None or watch.when() > due + CHECK_MIN_S:
+            if watch is not None:
+                watch.cancel()
+            self._watch = loop.call_at(due, self._sweep)
+
+    def _sweep(self) -> None:
+        """Ask the running inferences that are due whether they failed; fail those that did."""
+        self._watch = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        soonest = float("inf")
+        for slot in self._slots:
+            if slot.future is None:
+                continue
+            if slot.check_at <= now:
+                try:
+                    done = slot.request.wait_for(0)
+                except Exception as exc:  # it failed: no callback will come
+                    fut, slot.future = slot.future, None
+                    err = self._failed(slot, exc)
+                    if not fut.done():
+                        fut.set_exception(err)
+                    self.release(slot)
+                    continue
+                if done:  # completed: its callback is already on its way to the loop
+                    continue
+                age = time.perf_counter() - slot.started
+                slot.check_at = now + min(max(age, CHECK_MIN_S), CHECK_MAX_S)
+                if age > self._stall_limit() and not slot.stall_logged:
+                    slot.stall_logged = True
+                    log.error("%s: an inference has been running for %.0f s; the model reports not ready "
+                              "until it ends", self.path, age)
+            soonest = min(soonest, slot.check_at)
+        if soonest != float("inf") and self._compiled is not None:
+            self._watch = loop.call_at(soonest, self._sweep)
+
+    def _failed(self, slot: _Slot, exc: BaseException) -> ServerError:
+        """The client's error for an inference OpenVINO failed on ``slot`` (logged once, here)."""
+        keep = slot.keep or []
+        err = inference_error(exc, [(p.name, tuple(a.shape)) for p, a in zip(self.inputs, keep)])
+        slot.keep = None
+        if slot.log_failure:
+            log.log(logging.WARNING if isinstance(err, InvalidInput) else logging.ERROR, "%s: %s", self.path, err.message)
+            err.logged = True
+        return err
+
+    def _stall_limit(self) -> float:
+        return max(STALL_MIN_S, STALL_COSTS * (self.cost or 0.0))
+
+    def stalled(self) -> bool:
+        """Whether an inference has run so long that the model is not making progress."""
+        limit = self._stall_limit()
+        now = time.perf_counter()
+        return any(s.future is not None and now - s.started > limit for s in self._slots)
 
     def _measured(self, seconds: float) -> None:
         cost = self.cost
@@ -421,12 +515,16 @@ class OpenVINOModel:
     def _read_outputs(self, slot: _Slot) -> dict[str, np.ndarray]:
         req = slot.request
         result: dict[str, np.ndarray] = {}
-        for port in self.outputs:
-            tensor = req.get_output_tensor(port.index)
-            if port.datatype == "BYTES":
-                result[port.name] = np.asarray(tensor.bytes_data, dtype=object).reshape(tuple(tensor.shape))
-            else:
-                result[port.name] = tensor.data.copy()
+        try:
+            for port in self.outputs:
+                tensor = req.get_output_tensor(port.index)
+                if port.datatype == "BYTES":
+                    result[port.name] = np.asarray(tensor.bytes_data, dtype=object).reshape(tuple(tensor.shape))
+                else:
+                    result[port.name] = tensor.data.copy()
+        except Exception as exc:
+            log.error("%s: cannot read the outputs: %s", self.path, _first_line(exc))
+            raise InternalError(f"inference failed: cannot read the outputs: {_first_line(exc)}") from None
         return result
 
     async def _wait_idle(self) -> _Slot:
