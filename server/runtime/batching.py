@@ -9,9 +9,14 @@ then gives the oldest queued request up to ``max_queue_delay_us`` (counted
 from its arrival) for others to join, and stops early once
 ``max_batch_size`` rows are queued. While every infer request is busy,
 requests simply accumulate, so a saturated model batches without any delay.
-Only requests whose inputs agree on everything but dimension 0 join the same
-batch; the outputs are split back along dimension 0. A request with more rows
-than ``max_batch_size`` runs on its own.
+Dimension 0 of every input is the batch: a request whose inputs disagree on
+it is refused (400), since no split of a joined batch could give each client
+its own rows back. Only requests whose inputs agree on everything but
+dimension 0 join the same batch; the outputs are split back along dimension 0.
+A request with more rows than ``max_batch_size``, or none, runs on its own.
+
+A batch whose inference fails is run again member by member, so that each
+client gets its own answer: one member's bad input never fails the others.
 """
 from __future__ import annotations
 
@@ -19,11 +24,11 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable
 
 import numpy as np
 
-from ..errors import InternalError
+from ..errors import InternalError, InvalidInput
 
 if TYPE_CHECKING:
     from .openvino import OpenVINOModel
@@ -53,6 +58,19 @@ def batchable(model: "OpenVINOModel", max_batch_size: int) -> str:
     return ""
 
 
+def batch_rows(inputs: dict[str, np.ndarray], max_batch_size: int) -> int:
+    """The request's batch size: dimension 0, on which every input must agree."""
+    rows = {name: int(arr.shape[0]) if arr.ndim else 1 for name, arr in inputs.items()}
+    if len(set(rows.values())) > 1:
+        raise InvalidInput(
+            "inputs disagree on the batch size (dimension 0): "
+            + ", ".join(f"{name} has {n}" for name, n in rows.items())
+            + f"; this model batches requests (max_batch_size {max_batch_size}), so every input's "
+            "dimension 0 is the batch"
+        )
+    return next(iter(rows.values()), 0)
+
+
 class DynamicBatcher:
     def __init__(self, model: "OpenVINOModel", max_batch_size: int, max_queue_delay_us: int) -> None:
         self.model = model
@@ -67,8 +85,7 @@ class DynamicBatcher:
         self.requests = 0
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        first = next(iter(inputs.values()))
-        rows = int(first.shape[0]) if first.ndim else 1
+        rows = batch_rows(inputs, self.max_rows)
         if rows > self.max_rows or rows == 0:
             return await self.model.run(inputs)
         key = tuple((name, arr.shape[1:], arr.dtype.str) for name, arr in sorted(inputs.items()))
@@ -143,21 +160,23 @@ class DynamicBatcher:
     async def _run(self, slot: object, batch: list[_Pending]) -> None:
         self.batches += 1
         self.requests += len(batch)
+        if len(batch) == 1:
+            await _answer(batch[0], self.model.run_on(slot, batch[0].inputs))
+            return
         try:
-            if len(batch) == 1:
-                outputs = await self.model.run_on(slot, batch[0].inputs)
-                _settle(batch[0].future, outputs)
-                return
             names = list(batch[0].inputs)
             joined = {n: np.concatenate([p.inputs[n] for p in batch]) for n in names}
-            outputs = await self.model.run_on(slot, joined)
-        except BaseException as exc:
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
+            outputs = await self.model.run_on(slot, joined, log_failure=False)
+        except Exception as exc:
+            # Which member was at fault is unknown: each runs again on its own and gets its
+            # own answer (a member that fails alone is logged then, once).
+            log.debug("a batch of %d requests failed (%s); running them one by one", len(batch), exc)
+            await asyncio.gather(*(_answer(p, self.model.run(p.inputs)) for p in batch if not p.future.done()))
             return
+        except BaseException:
+            for p in batch:
+                p.future.cancel()
+            raise
         total = sum(p.rows for p in batch)
         bad = [n for n, arr in outputs.items() if arr.ndim == 0 or arr.shape[0] != total]
         if bad:
@@ -177,3 +196,17 @@ class DynamicBatcher:
 def _settle(future: asyncio.Future, outputs: dict[str, np.ndarray]) -> None:
     if not future.done():
         future.set_result(outputs)
+
+
+async def _answer(pending: _Pending, run: Awaitable[dict[str, np.ndarray]]) -> None:
+    """Run one request's inference and give its client the outputs or the error."""
+    try:
+        outputs = await run
+    except Exception as exc:
+        if not pending.future.done():
+            pending.future.set_exception(exc)
+    except BaseException:
+        pending.future.cancel()
+        raise
+    else:
+        _settle(pending.future, outputs)
