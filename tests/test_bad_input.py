@@ -612,7 +612,7 @@ def test_model_that_failed_to_load(start_server, broken_repo, model) -> None:
         # The server is ready (the latch), the failed model is not.
         assert requests.get(srv.url + "/v2/health/ready", timeout=TIMEOUT).status_code == 200
         ready = requests.get(f"{srv.url}/v2/models/{model}/ready", timeout=TIMEOUT)
-        assert ready.status_code == 503 and ready.json()["ready"] is False
+        assert ready.status_code == 400 and ready.json()["ready"] is False  # the V2 protocol: 4xx is false
         assert g.ModelReady(pb.ModelReadyRequest(name=model), timeout=TIMEOUT).ready is False
 
         body = json.dumps({"inputs": [GOOD]}).encode()

@@ -309,7 +309,7 @@ def test_predictor_down_is_503_within_seconds():
         url = explainer.wait_ports().url
         assert requests.get(url + "/v2/health/live", timeout=5).status_code == 200
         t0 = time.monotonic()
-        assert requests.get(url + "/v2/health/ready", timeout=10).status_code == 503
+        assert requests.get(url + "/v2/health/ready", timeout=10).status_code == 400  # V2: 4xx is false
         r = requests.post(f"{url}/v1/models/linear:explain", json={"instances": X.tolist()}, timeout=30)
         assert r.status_code == 503, r.text
         assert r.json()["error"]

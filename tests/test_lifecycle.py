@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -266,6 +267,10 @@ def test_help_mentions_every_option() -> None:
         assert env in " ".join(serve.stdout.split()), f"{env} missing from `ovserve serve --help`"
 
 
+GOOD_CONFIG = json.dumps(config_doc({"name": "a", "base_path": "a"}))
+FOLDER = object()  # the config path is a folder
+
+
 @pytest.mark.parametrize(
     "content,words",
     [
@@ -274,18 +279,32 @@ def test_help_mentions_every_option() -> None:
         (json.dumps(config_doc({"name": "a", "base_path": "a", "model_version_policy": {"latest": {"num_versions": 0}}})),
          "latest.num_versions must be a positive integer"),
         (None, "cannot read config file"),
+        # issue 15 item 12: what is not UTF-8 text, or no config at all, is refused the same way.
+        (GOOD_CONFIG.encode("utf-16"), "config is UTF-16 text"),
+        (b"\xff\xfe" + os.urandom(64), "config is UTF-16 text"),
+        (GOOD_CONFIG.encode("latin-1").replace(b'"a"', b'"\xe9"'), "config is not UTF-8 text: byte 0xe9"),
+        (GOOD_CONFIG.encode("utf-16-le"), "config holds NUL characters"),
+        (FOLDER, "it is a folder, not a file"),
+        ("[" * 50_000, "config nests deeper than"),
+        (json.dumps({"model_config_list": [{"config": {"name": ["a"], "base_path": 1, "nireq": "x"}}]}),
+         "model_config_list[0]: 'name' must be a non-empty string"),
     ],
-    ids=["json", "base_path", "policy", "missing"],
+    ids=["json", "base_path", "policy", "missing", "utf-16", "bytes", "latin-1", "utf-16-no-bom", "folder", "deep",
+         "types"],
 )
-def test_invalid_config_at_start_exits_1(tmp_path: Path, start_server, content: str | None, words: str) -> None:
+def test_invalid_config_at_start_exits_1(tmp_path: Path, start_server, content: Any, words: str) -> None:
     path = tmp_path / "config.json"
-    if content is not None:
+    if content is FOLDER:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     server = start_server("--config", path, ready=False)
     assert server.proc.wait(60) == 1
     server.stop()
-    assert "cannot start" in server.log and words in server.log, server.log
-    assert "Traceback" not in server.log
+    assert "cannot start: " in server.log and words in server.log, server.log
+    assert "Traceback" not in server.log and "server ready" not in server.log, server.log
 
 
 # -- versions ----------------------------------------------------------------------
@@ -357,6 +376,153 @@ def test_new_version_and_new_model_appear_without_restart(tmp_path: Path, start_
     ov.save_model(versioned(3), str(broken / "model.xml"), compress_to_fp16=False)
     wait_until(lambda: states(server, "m").get("3") == "AVAILABLE", "version 3 to load once fixed", server)
     assert delta(server, "m") == 3
+
+
+def cp_a(src: Path, dst: Path) -> None:
+    """``cp -a``: the copy keeps every file's mtime, so it looks to the poller exactly as the original did."""
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+
+
+def test_a_deleted_latest_version_falls_back_and_a_restored_one_serves_again(tmp_path: Path, start_server) -> None:
+    """Issue 15 items 10 and 11: deleting and restoring version folders (policy latest 1)."""
+    repo = tmp_path / "repo"
+    put_version(versioned(1), repo / "m", 1)
+    server = start_server("--model-repository", repo, *POLL, *EXACT)
+    put_version(versioned(2), repo / "m", 2)
+    wait_until(lambda: states(server, "m") == {"1": "END", "2": "AVAILABLE"}, "version 2 to take over", server)
+    cp_a(repo / "m" / "2", tmp_path / "saved-2")
+
+    subprocess.run(["rm", "-r", str(repo / "m" / "2")], check=True)
+    # Version 2 is retired (not served from memory) and version 1, retired before, serves again.
+    wait_until(lambda: states(server, "m") == {"1": "AVAILABLE", "2": "END"}, "version 1 to come back", server)
+    assert delta(server, "m") == 1 and delta(server, "m", 1) == 1
+    resp = infer(server, "m", X, 2)
+    assert resp.status_code == 503 and "version 2 is END" in resp.json()["error"], resp.text
+    assert metadata_versions(server, "m") == ["1"]
+
+    cp_a(tmp_path / "saved-2", repo / "m" / "2")  # restored with its original mtimes
+    wait_until(lambda: states(server, "m") == {"1": "END", "2": "AVAILABLE"}, "restored version 2", server)
+    assert delta(server, "m") == 2
+
+    # The only version deleted, then restored with cp -a.
+    cp_a(repo / "m", tmp_path / "saved-m")
+    subprocess.run(["rm", "-r", str(repo / "m" / "1"), str(repo / "m" / "2")], check=True)
+    wait_until(lambda: states(server, "m") == {"1": "END", "2": "END"}, "both versions to end", server)
+    resp = infer(server, "m")
+    assert resp.status_code == 503 and "no available version" in resp.json()["error"], resp.text
+    cp_a(tmp_path / "saved-m" / "1", repo / "m" / "1")
+    wait_until(lambda: states(server, "m") == {"1": "AVAILABLE", "2": "END"}, "restored version 1", server)
+    assert delta(server, "m") == 1
+    assert "Traceback" not in server.log
+
+
+def test_every_policy_follows_the_disk_both_ways(tmp_path: Path, start_server) -> None:
+    """latest, specific and all over one folder: a version appears, is deleted, reappears with old mtimes."""
+    base = tmp_path / "m"
+    for v in (1, 2):
+        put_version(versioned(v), base, v)
+    write_json(tmp_path / "config.json", config_doc(
+        {"name": "latest", "base_path": "m"},
+        {"name": "latest2", "base_path": "m", "model_version_policy": {"latest": {"num_versions": 2}}},
+        {"name": "specific", "base_path": "m", "model_version_policy": {"specific": {"versions": [1, 3]}}},
+        {"name": "all", "base_path": "m", "model_version_policy": {"all": {}}},
+    ))
+    server = start_server("--config", tmp_path / "config.json", *POLL, *EXACT)
+    A, E = "AVAILABLE", "END"
+    steps = [
+        ("start", lambda: None, {
+            "latest": {"2": A}, "latest2": {"1": A, "2": A}, "specific": {"1": A}, "all": {"1": A, "2": A}}),
+        ("3 appears", lambda: put_version(versioned(3), base, 3), {
+            "latest": {"2": E, "3": A}, "latest2": {"1": E, "2": A, "3": A}, "specific": {"1": A, "3": A},
+            "all": {"1": A, "2": A, "3": A}}),
+        ("3 deleted", lambda: (cp_a(base / "3", tmp_path / "saved-3"), shutil.rmtree(base / "3")), {
+            "latest": {"2": A, "3": E}, "latest2": {"1": A, "2": A, "3": E}, "specific": {"1": A, "3": E},
+            "all": {"1": A, "2": A, "3": E}}),
+        ("3 restored with cp -a", lambda: cp_a(tmp_path / "saved-3", base / "3"), {
+            "latest": {"2": E, "3": A}, "latest2": {"1": E, "2": A, "3": A}, "specific": {"1": A, "3": A},
+            "all": {"1": A, "2": A, "3": A}}),
+    ]
+    for what, change, expected in steps:
+        change()
+        for model, want in expected.items():
+            wait_until(lambda: states(server, model) == want, f"{model} after '{what}': {want}", server)
+            serving = sorted(int(v) for v, state in want.items() if state == A)
+            assert delta(server, model) == serving[-1]
+            for v in want:
+                if want[v] == A:
+                    assert delta(server, model, v) == int(v)
+                else:
+                    assert infer(server, model, X, v).status_code == 503
+
+
+def test_in_flight_requests_finish_when_their_version_is_deleted(tmp_path: Path, start_server) -> None:
+    repo = tmp_path / "repo"
+    put_version(slow(1), repo / "s", 1)
+    server = start_server("--model-repository", repo, "--nireq", "1", *POLL, *EXACT)
+    put_version(slow(2), repo / "s", 2)
+    wait_until(lambda: states(server, "s") == {"1": "END", "2": "AVAILABLE"}, "version 2", server)
+    x = np.random.default_rng(4).standard_normal((512, SLOW_K)).astype(np.float32)
+    results: list[Any] = [None] * 6  # served one at a time: about 2 s of work
+
+    def call(i: int) -> None:
+        try:
+            results[i] = binary_infer(server.url, "s", x)
+        except Exception as exc:  # reported below
+            results[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    shutil.rmtree(repo / "s" / "2")
+    server.wait_log(r"model s version 2: UNLOADING", timeout=20)
+    assert sum(r is None for r in results) >= 2, "too few requests in flight when version 2 began unloading"
+    assert "model s version 2: END" not in server.log, "version 2 ended with requests in flight"
+    for t in threads:
+        t.join(60)
+    for r in results:
+        assert isinstance(r, np.ndarray), r
+        np.testing.assert_array_equal(r, slow_expected(x, 2))
+    server.wait_log(r"model s version 2: END", timeout=20)
+    np.testing.assert_array_equal(binary_infer(server.url, "s", x[:2]), slow_expected(x[:2], 1))
+
+
+def test_a_bad_config_is_reported_once_per_change(tmp_path: Path, start_server) -> None:
+    """Issue 15 item 12: each bad content is one error line, however many polls read it; models keep serving."""
+    put_version(versioned(1), tmp_path / "a", 1)
+    path = tmp_path / "config.json"
+    good = config_doc({"name": "a", "base_path": "a"})
+    write_json(path, good)
+    server = start_server("--config", path, *POLL, *EXACT)
+    bad: list[tuple[str, Any]] = [
+        ("config is UTF-16 text", json.dumps(good).encode("utf-16")),
+        ("config is not UTF-8 text: byte 0xff", b"{\xff\xfe" + os.urandom(32)),
+        ("config is not valid JSON", b"{ half a file"),
+        ("'name' must be a non-empty string", json.dumps(config_doc({"name": 7, "base_path": ["a"]})).encode()),
+        ("it is a folder, not a file", FOLDER),
+    ]
+    for words, content in bad:
+        mark = len(server.lines)
+        if content is FOLDER:
+            # Not atomic: a poll may see the file missing in between, which is a problem of its own.
+            path.unlink()
+            path.mkdir()
+        else:
+            tmp = path.with_name("config.json.tmp")
+            tmp.write_bytes(content)
+            os.replace(tmp, path)
+        wait_until(lambda: any(words in ln for ln in server.lines[mark:]), f"'{words}' to be reported", server)
+        time.sleep(1.0)  # five more polls read the same content
+        reports = [ln for ln in server.lines[mark:] if words in ln]
+        assert len(reports) == 1, reports
+        assert "is invalid, keeping the current models" in reports[0]
+        assert delta(server, "a") == 1 and ready(server) == 200
+    path.rmdir()
+    write_json(path, config_doc({"name": "a", "base_path": "a"}, {"name": "b", "base_path": "a"}))
+    wait_until(lambda: infer(server, "b").status_code == 200, "the fixed config to be applied", server)
+    assert delta(server, "b") == 1
+    assert "Traceback" not in server.log and "reconcile failed" not in server.log, server.log
+    assert server.proc.poll() is None
 
 
 def test_config_edits_apply_without_restart(tmp_path: Path, start_server) -> None:
@@ -495,7 +661,7 @@ def test_broken_models_do_not_block_the_good_ones(tmp_path: Path, start_server) 
         assert version["status"]["error_code"] != "OK" and version["status"]["error_message"] == reason
         resp = infer(server, name)
         assert resp.status_code == 503 and reason in resp.json()["error"], resp.text
-        assert requests.get(f"{server.url}/v2/models/{name}/ready", timeout=10).status_code == 503
+        assert requests.get(f"{server.url}/v2/models/{name}/ready", timeout=10).status_code == 400
         with pytest.raises(InferenceServerException) as info:
             grpc_infer(client, name)
         assert info.value.status() == "StatusCode.UNAVAILABLE" and reason in info.value.message()
@@ -539,7 +705,7 @@ def test_ready_latch(tmp_path: Path, start_server) -> None:
         client = tgrpc.InferenceServerClient(server.grpc_target)
         for _ in range(5):  # and it stays so
             assert requests.get(server.url + "/v2/health/live", timeout=10).status_code == 200
-            assert ready(server) == 503
+            assert ready(server) == 400  # the V2 protocol: 4xx is false
             assert client.is_server_live() is True
             assert client.is_server_ready() is False
             assert grpc_health(server) == health_pb2.HealthCheckResponse.NOT_SERVING

@@ -13,14 +13,20 @@ async def server_metadata(request: Request) -> Response:
     return json_response(dataplane(request).server_metadata())
 
 
+#: The status of a health answer of false. The V2 protocol says a 200 means true and a 4xx
+#: false, for server live, server ready and model ready alike; Triton and OVMS answer 400,
+#: and so does ovserve (a Kubernetes probe fails on any status from 400 on).
+NOT_HEALTHY = 400
+
+
 async def live(request: Request) -> Response:
     ok = dataplane(request).server_live()
-    return json_response({"live": ok}, 200 if ok else 503)
+    return json_response({"live": ok}, 200 if ok else NOT_HEALTHY)
 
 
 async def ready(request: Request) -> Response:
     ok = dataplane(request).server_ready()
-    return json_response({"ready": ok}, 200 if ok else 503)
+    return json_response({"ready": ok}, 200 if ok else NOT_HEALTHY)
 
 
 async def list_models(request: Request) -> Response:
@@ -49,7 +55,7 @@ async def model_metadata(request: Request) -> Response:
 async def model_ready(request: Request) -> Response:
     name, version = _name_version(request)
     ok = dataplane(request).model_ready(name, version)
-    return json_response({"name": name, "ready": ok}, 200 if ok else 503)
+    return json_response({"name": name, "ready": ok}, 200 if ok else NOT_HEALTHY)
 
 
 async def infer(request: Request) -> Response:
