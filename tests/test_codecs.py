@@ -1,6 +1,7 @@
 """Pure codec functions: datatypes, BYTES framing, raw and value decoding."""
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -86,3 +87,48 @@ def test_value_errors(datatype: str, values: list, needle: str) -> None:
 def test_bytes_values_accept_str_and_bytes() -> None:
     arr = from_values("x", "BYTES", (2,), ["h\u00e9", b"\xff"])
     assert list(arr) == ["h\u00e9".encode(), b"\xff"]
+
+
+@pytest.mark.parametrize("datatype,values,needle", [
+    ("FP32", [None, 1.0, 2.0, 3.0], "null is not a number"),
+    ("FP32", [[1.0, 2.0], [None, 3.0]], "null is not a number"),
+    ("FP32", [True, 1.0, 2.0, 3.0], "true/false is not a number"),
+    ("INT32", [1, 2, 3, None], "null is not an integer"),
+    ("INT32", [1, 2, 3, 4.0], "4.0 is not an integer"),
+    ("BOOL", [True, False, None, True], "null is not true or false"),
+    ("FP16", [1.0, 2.0, 3.0, 1e6], "1000000.0 is out of range"),
+    ("FP32", [1.0, 2.0, 3.0, -1e39], "-1e+39 is out of range"),
+    ("FP32", [1.0, 2.0, 3.0, 10**400], "FP32"),
+    ("BYTES", ["a", None, "b", "c"], "null is not a string"),
+    ("BYTES", ["a", 1, "b", "c"], "int is not a string"),
+    ("BYTES", ["a", ["b"], "b", "c"], "a list is not a string"),
+])
+def test_a_clients_values_are_of_the_datatypes_kind(datatype: str, values: list, needle: str) -> None:
+    """JSON null, true or a string is never a number (numpy would make NaN or 1 of them)."""
+    with pytest.raises(InvalidInput, match=re.escape(needle)):
+        from_values("input 'x'", datatype, (2, 2), values)
+
+
+def test_a_servers_reply_may_carry_nan_as_null_and_bytes_as_any_value() -> None:
+    """JSON has no NaN: a reply (a predictor's, read by the transformer) writes it as null."""
+    got = from_values("predictor output 'y'", "FP32", (2, 2), [None, 1.0, 2.0, None], reply=True)
+    assert got.dtype == np.float32 and np.isnan(got[0, 0]) and np.isnan(got[1, 1]) and got[0, 1] == 1.0
+    assert list(from_values("y", "BYTES", (2,), [1, "a"], reply=True)) == [b"1", b"a"]
+    with pytest.raises(InvalidInput, match="true/false is not a number"):
+        from_values("y", "FP32", (2,), [True, 1.0], reply=True)
+
+
+def test_typed_values_skip_the_kind_check_but_not_the_range() -> None:
+    """gRPC typed contents: a protobuf field holds one type; its range is still the datatype's."""
+    big = [2**64 - 1, 0, 1, 2**63]
+    np.testing.assert_array_equal(from_values("x", "UINT64", (2, 2), big, typed=True),
+                                  np.array(big, np.uint64).reshape(2, 2))
+    with pytest.raises(InvalidInput, match="300 is out of range"):
+        from_values("input 'x'", "INT8", (2, 2), [1, 2, 3, 300], typed=True)
+
+
+@pytest.mark.parametrize("rank", [33, 65, 1000])
+def test_a_shape_of_more_than_32_dimensions_is_refused(rank: int) -> None:
+    with pytest.raises(InvalidInput, match=f"{rank} dimensions; at most 32"):
+        check_shape([1] * rank, "input 'x'")
+    assert check_shape([1] * 32, "input 'x'") == (1,) * 32

@@ -73,11 +73,27 @@ def test_nested_data_takes_the_exact_path(monkeypatch: pytest.MonkeyPatch) -> No
 BAD = [
     ("INT8", [1] * (N - 1) + [300], "out of range"),
     ("UINT8", [-1] + [1] * (N - 1), "out of range"),
-    ("INT32", [1.5] * N, "integers"),
-    ("FP32", [1.0] * (N - 1) + ["2"], "numbers"),
+    ("INT32", [1.5] * N, "1.5 is not an integer"),
+    ("FP32", [1.0] * (N - 1) + ["2"], "a string is not a number"),
     ("FP32", [1.0] * (N - 1), "needs 20000 elements"),
     ("FP32", [[1.0, 2.0], [3.0]] * (N // 3), ""),
-    ("BOOL", [1] * N, "true/false"),
+    ("BOOL", [1] * N, "1 is not true or false"),
+    # null is no number: numpy would make it NaN in a float array, None in an object one
+    ("FP32", [None] + [1.0] * (N - 1), "null is not a number"),
+    ("FP64", [1.0] * (N - 1) + [None], "null is not a number"),
+    ("INT32", [None] + [1] * (N - 1), "null is not an integer"),
+    ("FP32", [[None] + [1.0] * 99] + [[1.0] * 100] * (N // 100 - 1), "null is not a number"),
+    # true among numbers: numpy would make it 1
+    ("FP32", [True] + [2.0] * (N - 1), "true/false is not a number"),
+    ("INT64", [1] * (N - 1) + [False], "true/false is not an integer"),
+    ("BOOL", [True] * (N - 1) + [None], "null is not true or false"),
+    # what the JSON number becomes must be finite: 1e39 is no FP32 and 70000 no FP16
+    ("FP32", [1.0] * (N - 1) + [1e39], "1e+39 is out of range"),
+    ("FP16", [70000.0] + [1.0] * (N - 1), "70000.0 is out of range"),
+    ("FP32", ["NaN"] * N, "a string is not a number"),
+    ("BYTES", ["a"] * (N - 1) + [None], "null is not a string"),
+    ("BYTES", [1] * N, "int is not a string"),
+    ("BYTES", ["a"] * (N - 1) + [True], "true/false is not a string"),
 ]
 
 

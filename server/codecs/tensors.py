@@ -16,14 +16,24 @@ from .datatypes import numpy_dtype
 
 #: Refuse shapes whose element count is absurd before allocating anything.
 MAX_ELEMENTS = 1 << 40
+#: The most dimensions a tensor may have. OpenVINO's CPU plugin compiles no model
+#: with more (a rank-33 input fails inside the plugin), and numpy 1.x, which
+#: ovserve still supports, holds no array with more (numpy 2 stops at 64): a
+#: larger rank could fit no model, and numpy would fail on it with a ValueError.
+MAX_DIMS = 32
 
 
 def check_shape(shape: Sequence[Any], where: str) -> tuple[int, ...]:
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(
+            f"{where}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are supported "
+            f"(OpenVINO's CPU plugin compiles no model of higher rank)"
+        )
     try:
         dims = tuple(int(d) for d in shape)
         if any(isinstance(d, bool) or int(d) != d for d in shape):
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidInput(f"{where}: shape must be a list of integers, got {list(shape)!r}") from None
     if any(d < 0 for d in dims):
         raise InvalidInput(f"{where}: shape {list(dims)} has a negative dimension")
@@ -38,7 +48,7 @@ def from_raw(where: str, datatype: str, shape: tuple[int, ...], buffer: bytes | 
     count = math.prod(shape)
     if datatype == "BYTES":
         try:
-            elements = bytes_tensor.unpack(buffer, where)
+            elements = bytes_tensor.unpack(buffer, where, limit=count)
         except InvalidInput:
             if count != 1:
                 raise
@@ -46,9 +56,8 @@ def from_raw(where: str, datatype: str, shape: tuple[int, ...], buffer: bytes | 
             # way): a buffer that is not valid framing is that element itself.
             elements = [bytes(buffer)]
         if len(elements) != count:
-            raise InvalidInput(
-                f"{where}: shape {list(shape)} needs {count} BYTES elements, got {len(elements)}"
-            )
+            got = len(elements) if len(elements) < count else "more"
+            raise InvalidInput(f"{where}: shape {list(shape)} needs {count} BYTES elements, got {got}")
         return bytes_tensor.to_object_array(elements, shape)
     expected = count * dtype.itemsize
     if len(buffer) != expected:
@@ -58,47 +67,109 @@ def from_raw(where: str, datatype: str, shape: tuple[int, ...], buffer: bytes | 
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
-def from_values(where: str, datatype: str, shape: tuple[int, ...], values: Any) -> np.ndarray:
-    """Decode a flat or nested list of values (JSON ``data``, typed gRPC contents)."""
+#: What a JSON value is called in an error message, by its Python type.
+_JSON_NAMES: dict[type, str] = {type(None): "null", bool: "true/false", str: "a string", dict: "an object",
+                                list: "a list"}
+
+
+def _json_value(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value)
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _check_value_types(datatype: str, dtype: np.dtype, arr: np.ndarray, values: Any, reply: bool) -> None:
+    """Every element of JSON-like ``values`` is of the datatype's JSON kind, or ValueError naming one that is not.
+
+    numpy would take them all: null becomes NaN in a float array, true becomes 1
+    next to numbers, so the element types are checked before any cast.
+    """
+    if arr.ndim == 1 and isinstance(values, list):
+        flat = values
+    elif arr.ndim == 0:
+        flat = [values]
+    else:  # nested lists: their leaves, in order
+        flat = np.asarray(values, dtype=object).reshape(-1).tolist()
+    if datatype == "BOOL":
+        allowed: tuple[type, ...] = (bool,)
+        expected = "true or false"
+    elif dtype.kind in "iu":
+        allowed, expected = (int,), "an integer"
+    else:
+        allowed, expected = ((int, float, type(None)) if reply else (int, float)), "a number"
+    bad = set(map(type, flat)).difference(allowed)
+    if bad:
+        first = next(v for v in flat if type(v) in bad)
+        raise ValueError(f"{_json_value(first)} is not {expected}")
+
+
+def from_values(where: str, datatype: str, shape: tuple[int, ...], values: Any, *, typed: bool = False,
+                reply: bool = False) -> np.ndarray:
+    """Decode a flat or nested list of values (JSON ``data``, typed gRPC contents).
+
+    Values are checked to be of the datatype's kind (numbers, integers, true/false,
+    strings) unless ``typed``: they come from a typed container (a protobuf
+    repeated field) that holds nothing else. ``reply``: the values are a server's
+    answer, not a client's request, read liberally: a null in float data is NaN
+    (JSON cannot carry NaN, and servers, ovserve too, write null for it) and a
+    BYTES element that is not a string is its text. A client's null is an error.
+    """
     dtype = numpy_dtype(datatype, where)
     count = math.prod(shape)
     if datatype == "BYTES":
-        arr = np.asarray(values, dtype=object)
+        try:
+            arr = np.asarray(values, dtype=object)
+        except ValueError as exc:  # ragged nesting
+            raise InvalidInput(f"{where}: data does not fit datatype BYTES: {exc}") from None
         if arr.size != count:
             raise InvalidInput(f"{where}: shape {list(shape)} needs {count} elements, got {arr.size}")
         try:
-            flat = [bytes_tensor.as_bytes(v) for v in arr.reshape(-1)]
+            convert = bytes_tensor.as_bytes if reply else bytes_tensor.element
+            flat = [convert(v) for v in arr.reshape(-1)]
         except ValueError as exc:
-            raise InvalidInput(f"{where}: {exc}") from None
+            raise InvalidInput(f"{where}: data does not fit datatype BYTES: {exc}") from None
         return bytes_tensor.to_object_array(flat, shape)
     try:
         # Parse without a target dtype first, so that a cast can never silently
         # truncate (1.5 -> 1), wrap (300 -> 44) or reinterpret (true, "2").
         arr = np.asarray(values)
-        if arr.dtype.kind == "f" and dtype.kind in "iu":
-            # numpy makes floats of integers when some do not fit int64 (UINT64
-            # values past 2**63 next to small ones): keep exact integers exact.
-            exact = np.asarray(values, dtype=object)
-            if all(isinstance(v, int) and not isinstance(v, bool) for v in exact.flat):
-                arr = exact
-        if datatype == "BOOL":
-            if arr.size and arr.dtype != np.bool_:
-                raise ValueError("BOOL data must be true/false")
-        elif arr.size and arr.dtype.kind in "iu" and dtype.kind in "iu":
+        if typed:
+            pass  # a protobuf field's values: of its one type (exact Python ints for 64-bit fields)
+        elif not (isinstance(values, np.ndarray) and values.dtype != object):
+            _check_value_types(datatype, dtype, arr, values, reply)
+        elif datatype == "BOOL" and arr.size and arr.dtype != np.bool_:
+            raise ValueError("BOOL data must be true/false")
+        elif arr.size and dtype.kind in "iu" and arr.dtype.kind not in "iuO":
+            raise ValueError(f"{datatype} data must be integers")
+        elif arr.size and dtype.kind == "f" and arr.dtype.kind not in "iufO":
+            raise ValueError(f"{datatype} data must be numbers")
+        if arr.size and dtype.kind in "iu" and arr.dtype.kind not in "iu":
+            # numpy makes floats (or objects) of integers when some do not fit
+            # int64 (UINT64 values past 2**63 next to negative ones): compare exactly.
+            arr = np.asarray(values, dtype=object)
+        if arr.size and dtype.kind in "iu":
             info = np.iinfo(dtype)
             low, high = arr.min(), arr.max()
             if low < info.min or high > info.max:
                 raise ValueError(f"value {low if low < info.min else high} is out of range")
-        elif arr.size and arr.dtype.kind not in ("iufO" if dtype.kind == "f" else "iuO"):
-            raise ValueError(f"{datatype} data must be {'numbers' if dtype.kind == 'f' else 'integers'}")
-        # Object arrays (None, huge integers, mixed junk) convert element by
-        # element, which raises on anything that does not fit.
-        arr = np.asarray(arr, dtype=dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = np.asarray(arr, dtype=dtype)
+        if dtype.kind == "f":
+            _check_finite(out, arr)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"{where}: data does not fit datatype {datatype}: {exc}") from None
-    if arr.size != count:
-        raise InvalidInput(f"{where}: shape {list(shape)} needs {count} elements, got {arr.size}")
-    return arr.reshape(shape)
+    if out.size != count:
+        raise InvalidInput(f"{where}: shape {list(shape)} needs {count} elements, got {out.size}")
+    return out.reshape(shape)
+
+
+def _check_finite(out: np.ndarray, source: np.ndarray) -> None:
+    """ValueError when a finite number became infinite in a narrower float type (1e39 as FP32)."""
+    if out.size and out.dtype.itemsize < 8 and not np.isfinite(out).all():
+        wide = np.asarray(source, dtype=np.float64)
+        overflow = np.isinf(out) & np.isfinite(wide)
+        if overflow.any():
+            raise ValueError(f"value {float(wide[overflow][0])!r} is out of range")
 
 
 def from_numbers(where: str, datatype: str, shape: tuple[int, ...], numbers: np.ndarray) -> np.ndarray:
@@ -113,7 +184,14 @@ def from_numbers(where: str, datatype: str, shape: tuple[int, ...], numbers: np.
         if low < info.min or high > info.max:
             raise InvalidInput(f"{where}: data does not fit datatype {datatype}: "
                                f"value {low if low < info.min else high} is out of range")
-    return numbers.astype(dtype, copy=numbers.dtype != dtype).reshape(shape)
+    with np.errstate(over="ignore"):
+        out = numbers.astype(dtype, copy=numbers.dtype != dtype)
+    if dtype.kind == "f":
+        try:
+            _check_finite(out, numbers)
+        except ValueError as exc:
+            raise InvalidInput(f"{where}: data does not fit datatype {datatype}: {exc}") from None
+    return out.reshape(shape)
 
 
 def to_raw(array: np.ndarray, datatype: str) -> bytes:

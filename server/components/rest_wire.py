@@ -61,7 +61,7 @@ def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
             data = from_raw(where, datatype, shape, binary[offset : offset + size])
             offset += size
         else:
-            data = from_values(where, datatype, shape, item.get("data", []))
+            data = from_values(where, datatype, shape, item.get("data", []), reply=True)
         outputs.append(Tensor(name, datatype, shape, data, reply_parameters(params)))
     return InferResponse(
         model_name=doc.get("model_name", ""),
@@ -125,5 +125,6 @@ def decode_v1_predictions(doc: Any, model: str, md: ModelMetadata) -> InferRespo
         if datatype is None:
             datatype = "BYTES" if arr.size and isinstance(arr.flat[0], str) else "FP32"
         shape = tuple(arr.shape)
-        outputs.append(Tensor(name, datatype, shape, from_values(f"predictor output {name!r}", datatype, shape, values)))
+        outputs.append(Tensor(name, datatype, shape,
+                              from_values(f"predictor output {name!r}", datatype, shape, values, reply=True)))
     return InferResponse(model_name=model, model_version="", outputs=outputs)

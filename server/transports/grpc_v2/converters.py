@@ -74,8 +74,9 @@ def request_from_pb(msg: pb.ModelInferRequest) -> InferRequest:
             if field is None:
                 raise InvalidInput(f"{where}: {inp.datatype} can only be sent in raw_input_contents")
             # from_values does the casting, so that a value out of the datatype's
-            # range (300 in int_contents for INT8) is a clear InvalidInput.
-            array = from_values(where, inp.datatype, shape, list(getattr(inp.contents, field)))
+            # range (300 in int_contents for INT8) is a clear InvalidInput; the
+            # field's own type already rules out what JSON could hold (null, strings).
+            array = from_values(where, inp.datatype, shape, list(getattr(inp.contents, field)), typed=True)
         inputs.append(Tensor(inp.name, inp.datatype, shape, array, params_from_pb(inp.parameters)))
     outputs = [RequestedOutput(o.name, params_from_pb(o.parameters)) for o in msg.outputs]
     return InferRequest(
