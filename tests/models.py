@@ -73,11 +73,31 @@ def matmul(k: int = 8, n: int = 4) -> ov.Model:
     return ov.Model([_named(y, "y")], [x], "matmul")
 
 
-def two_in_two_out() -> ov.Model:
-    """sum = a + b (FP32 [-1,4]); prod = a * b (FP32 [-1,4])."""
-    a = ops.parameter(ov.PartialShape([-1, 4]), ov.Type.f32, name="a")
-    b = ops.parameter(ov.PartialShape([-1, 4]), ov.Type.f32, name="b")
+def two_in_two_out(width: int = 4) -> ov.Model:
+    """sum = a + b (FP32 [-1,width]); prod = a * b (FP32 [-1,width]).
+
+    Also a model that fails inside OpenVINO at inference time: each input's shape
+    fits the model on its own, but ``a`` [2,4] and ``b`` [3,4] cannot be added.
+    """
+    a = ops.parameter(ov.PartialShape([-1, width]), ov.Type.f32, name="a")
+    b = ops.parameter(ov.PartialShape([-1, width]), ov.Type.f32, name="b")
     return ov.Model([_named(ops.add(a, b), "sum"), _named(ops.multiply(a, b), "prod")], [a, b], "two")
+
+
+def reshape_by_value() -> ov.Model:
+    """y = x (FP32 [-1,4]) reshaped to [-1, min(k)] (k: INT64 [-1,1]).
+
+    A model that fails inside OpenVINO because of a value, not a shape: with
+    every k 4 (or 2, or 1) y has x's elements; a k that does not divide x's
+    element count (3) fails the Reshape when the request runs. Two requests of
+    the same shapes can thus be joined into one batch that fails for one of them.
+    """
+    x = ops.parameter(ov.PartialShape([-1, 4]), ov.Type.f32, name="x")
+    k = ops.parameter(ov.PartialShape([-1, 1]), ov.Type.i64, name="k")
+    width = ops.reduce_min(ops.reshape(k, ops.constant(np.array([-1], np.int64)), False),
+                           ops.constant(np.array([0], np.int64)), True)
+    pattern = ops.concat([ops.constant(np.array([-1], np.int64)), width], 0)
+    return ov.Model([_named(ops.reshape(x, pattern, False), "y")], [x, k], "by_value")
 
 
 def fixed_batch(batch: int = 1) -> ov.Model:

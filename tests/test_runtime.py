@@ -267,3 +267,117 @@ def test_batching_server_answers_concurrent_clients_correctly(start_server, tmp_
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(8)))
     assert "Traceback" not in server.log
+
+
+# -- failures inside OpenVINO (issue 15: a failed inference wedged the model) --------------
+def _pair_inputs(rows_a: int, rows_b: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"a": _rows(rows_a, seed, width=4), "b": _rows(rows_b, seed + 1, width=4)}
+
+
+@pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["asynchronous", "inline"])
+def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
+        tmp_path: Path, inline_below: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``a`` [2,4] + ``b`` [3,4] passes every check and fails inside OpenVINO. OpenVINO calls no
+    completion callback for such an asynchronous inference: the request must still be answered,
+    its infer request must come back, and the next request must run (on both runtime paths)."""
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(rt, "INLINE_WHOLE_MACHINE_BELOW_S", inline_below)
+    model = _load(tmp_path, models.two_in_two_out(), nireq=2)
+    model.cost = 1e-6  # measured already: the inline path is taken from the first request on
+
+    async def main() -> None:
+        for i in range(5):  # more failures than infer requests
+            with pytest.raises(InvalidInput, match=r"cannot compute inputs of these shapes \(a \[2,4\], b \[3,4\]\)"):
+                await asyncio.wait_for(model.infer(_pair_inputs(2, 3, i)), 10)
+            good = _pair_inputs(2, 2, 10 + i)
+            out = await asyncio.wait_for(model.infer(good), 10)
+            np.testing.assert_allclose(out["sum"], good["a"] + good["b"], rtol=1e-6)
+        # concurrent failures and successes on a pool of two
+        mixed = [_pair_inputs(2, 2 + i % 2, 20 + i) for i in range(12)]
+        results = await asyncio.wait_for(asyncio.gather(*(model.infer(x) for x in mixed), return_exceptions=True), 20)
+        for x, result in zip(mixed, results):
+            if len(x["b"]) == 3:
+                assert isinstance(result, InvalidInput), result
+            else:
+                np.testing.assert_allclose(result["sum"], x["a"] + x["b"], rtol=1e-6)
+        await asyncio.sleep(3 * rt.CHECK_MIN_S)
+
+    with caplog.at_level("WARNING", logger=rt.log.name):
+        asyncio.run(main())
+    assert len(model._idle) == 2 and not model.stalled()
+    assert model._watch is None  # nothing running: no timer left behind
+    refusals = [r for r in caplog.records if "cannot compute inputs" in r.getMessage()]
+    assert len(refusals) == 5 + 6  # one line per failed request
+    assert model.cost is not None and model.cost > 1e-6 or inline_below == 0.0  # failures are not measured
+
+
+def test_a_failure_that_is_not_the_inputs_fault_is_an_internal_error() -> None:
+    from ovserve.server.errors import InternalError
+    from ovserve.server.runtime.failures import inference_error
+
+    err = inference_error(RuntimeError("Exception from src/inference/src/cpp/infer_request.cpp:224:\n"
+                                       "[CPU] out of memory allocating 4 GB"), [("x", (1, 4))])
+    assert isinstance(err, InternalError) and err.message == "inference failed: [CPU] out of memory allocating 4 GB"
+
+
+def test_a_batch_that_fails_for_one_member_answers_every_member_on_its_own(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Four requests of the same shapes join one batch (gathered at once, one infer request); ``k`` 3
+    fails the batch's Reshape. Each member is then run alone: three answers, one 400, logged once."""
+    model = _load(tmp_path, models.reshape_by_value(), nireq=1, max_batch_size=8, max_queue_delay_us=50_000)
+    xs = [_rows(1, 40 + i, width=4) for i in range(4)]
+    ks = [4, 4, 3, 4]
+
+    async def main() -> list:
+        return await asyncio.wait_for(asyncio.gather(
+            *(model.infer({"x": x, "k": np.array([[k]], np.int64)}) for x, k in zip(xs, ks)),
+            return_exceptions=True), 20)
+
+    with caplog.at_level("WARNING", logger=rt.log.name):
+        results = asyncio.run(main())
+    for x, k, result in zip(xs, ks, results):
+        if k == 3:
+            assert isinstance(result, InvalidInput) and "x [1,4], k [1,1]" in result.message, result
+        else:
+            np.testing.assert_array_equal(result["y"], x)
+    assert model.batcher.batches == 1 and model.batcher.requests == 4  # they really were one batch
+    assert len([r for r in caplog.records if "cannot compute inputs" in r.getMessage()]) == 1
+    assert len(model._idle) == 1
+
+
+def test_batched_inputs_must_agree_on_the_batch_size(tmp_path: Path) -> None:
+    """An empty ``b`` beside a one-row ``a`` once joined another client's batch and was answered
+    with that client's ``b``: dimension 0 is the batch, so such a request is refused."""
+    model = _load(tmp_path, models.two_in_two_out(), nireq=1, max_batch_size=8, max_queue_delay_us=50_000)
+    one = {"a": np.ones((1, 4), np.float32), "b": np.array([[100, 200, 300, 400]], np.float32)}
+    two = {"a": np.zeros((1, 4), np.float32), "b": np.zeros((0, 4), np.float32)}
+
+    async def main() -> list:
+        return await asyncio.gather(model.infer(one), model.infer(two), return_exceptions=True)
+
+    first, second = asyncio.run(main())
+    np.testing.assert_array_equal(first["sum"], one["a"] + one["b"])
+    assert isinstance(second, InvalidInput) and "a has 1, b has 0" in second.message
+
+
+def test_a_model_with_an_inference_running_past_its_stall_limit_is_stalled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A model that stops making progress must not report ready (the data plane asks ``stalled``)."""
+    monkeypatch.setattr(rt, "STALL_MIN_S", 0.05)
+    model = _load(tmp_path, models.matmul(k=2048, n=2048), nireq=1)
+    x = _rows(2048, 1, width=2048)
+
+    async def main() -> tuple[bool, bool]:
+        task = asyncio.ensure_future(model.infer({"x": x}))
+        while not task.done() and not model.stalled():
+            await asyncio.sleep(0.01)
+        during = model.stalled()
+        await task
+        return during, model.stalled()
+
+    model.cost = None
+    with caplog.at_level("ERROR", logger=rt.log.name):
+        during, after = asyncio.run(main())
+    assert during, "a 2048x2048x2048 MatMul finished within 50 ms: use a larger one"
+    assert not after
+    assert any("has been running for" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,314 @@
+"""Fault injection: models that fail inside OpenVINO at inference time, over every transport
+and every runtime path, plain and batched; the model keeps serving afterwards.
+
+The models (tests/models.py) pass every check the server can make before running
+them and fail only inside OpenVINO: ``pair`` adds ``a`` and ``b`` of shape
+[-1,W], so ``a`` [2,W] and ``b`` [3,W] each fit but cannot be added;
+``by_value`` reshapes ``x`` by a value it is sent, so ``k`` = 3 fails where 4
+works, whatever the shapes. OpenVINO calls no completion callback for a failed
+asynchronous inference: before the fix the infer request never came back to the
+pool, the request hung, and so did every later one (issue 15, items 1-3).
+
+Every failure must be answered (400 / INVALID_ARGUMENT naming the inputs' shapes),
+logged once, and leave the model ready and serving, more times than the model has
+infer requests (a leaked request per failure would show as a hang).
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import requests
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from . import models
+from .conftest import EXACT, ServerProcess
+
+TIMEOUT = 15  # seconds for every request: a hang fails the test instead of wedging it
+#: rounds of (bad, good) per case: more than any model here has infer requests
+ROUNDS = 5
+#: the log line the runtime writes for each refused inference
+REFUSED = "the model cannot compute inputs of these shapes"
+W = 512  # width of pair_async's inputs: large enough that its inferences are not run inline
+
+
+def _model_entry(name: str, **options: Any) -> dict:
+    return {"name": name, "base_path": name, "nireq": 2, **options}
+
+
+@pytest.fixture(scope="module")
+def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("faults")
+    models.save(models.two_in_two_out(), repo, "pair")  # LATENCY: tiny inferences run inline
+    models.save(models.two_in_two_out(W), repo, "pair_async")
+    models.save(models.two_in_two_out(), repo, "pair_batched")
+    models.save(models.reshape_by_value(), repo, "by_value")
+    models.save(models.reshape_by_value(), repo, "by_value_batched")
+    batching = {"max_batch_size": 8, "max_queue_delay_us": 50_000}
+    f32 = {"INFERENCE_PRECISION_HINT": "f32"}
+    config = models.write_config(repo / "config.json", [
+        _model_entry("pair", plugin_config=f32),
+        # THROUGHPUT: several streams, so only inferences under 150 us would run inline
+        _model_entry("pair_async", plugin_config={**f32, "PERFORMANCE_HINT": "THROUGHPUT"}),
+        _model_entry("pair_batched", plugin_config=f32, **batching),
+        _model_entry("by_value", plugin_config=f32),
+        _model_entry("by_value_batched", plugin_config=f32, **batching),
+    ])
+    proc = ServerProcess(["--config", str(config), "--poll-interval", "0"])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(fault_server: ServerProcess) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    channel = grpc.insecure_channel(fault_server.grpc_target)
+    try:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+    finally:
+        channel.close()
+
+
+def _pair(rows_a: int, rows_b: int, width: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"a": rng.standard_normal((rows_a, width)).astype(np.float32),
+            "b": rng.standard_normal((rows_b, width)).astype(np.float32)}
+
+
+def _by_value(k: int, rows: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    x = np.random.default_rng(seed).standard_normal((rows, 4)).astype(np.float32)
+    return {"x": x, "k": np.full((rows, 1), k, np.int64)}
+
+
+_V2 = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+
+
+# -- one request over each transport: (status ok?, outputs or error message) --------------
+def rest_json(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> tuple[int, Any]:
+    body = {"inputs": [{"name": n, "datatype": _V2[a.dtype], "shape": list(a.shape), "data": a.ravel().tolist()}
+                       for n, a in inputs.items()]}
+    resp = requests.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=TIMEOUT)
+    if resp.status_code != 200:
+        return resp.status_code, resp.json()["error"]
+    return 200, {o["name"]: np.asarray(o["data"], np.float32).reshape(o["shape"]) for o in resp.json()["outputs"]}
+
+
+def rest_binary(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> tuple[int, Any]:
+    header = json.dumps({
+        "inputs": [{"name": n, "datatype": _V2[a.dtype], "shape": list(a.shape),
+                    "parameters": {"binary_data_size": a.nbytes}} for n, a in inputs.items()],
+        "parameters": {"binary_data_output": True},
+    }).encode()
+    body = header + b"".join(a.tobytes() for a in inputs.values())
+    resp = requests.post(f"{server.url}/v2/models/{model}/infer", data=body, timeout=TIMEOUT,
+                         headers={"Inference-Header-Content-Length": str(len(header))})
+    if resp.status_code != 200:
+        return resp.status_code, resp.json()["error"]
+    length = int(resp.headers["Inference-Header-Content-Length"])
+    doc, offset, out = json.loads(resp.content[:length]), length, {}
+    for o in doc["outputs"]:
+        size = o["parameters"]["binary_data_size"]
+        out[o["name"]] = np.frombuffer(resp.content[offset:offset + size], np.float32).reshape(o["shape"])
+        offset += size
+    return 200, out
+
+
+def rest_v1(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> tuple[int, Any]:
+    body = {"inputs": {n: a.tolist() for n, a in inputs.items()}}  # columnar: inputs may differ in rows
+    resp = requests.post(f"{server.url}/v1/models/{model}:predict", json=body, timeout=TIMEOUT)
+    if resp.status_code != 200:
+        return resp.status_code, resp.json()["error"]
+    rows = resp.json()["predictions"]
+    if rows and isinstance(rows[0], dict):
+        return 200, {k: np.asarray([r[k] for r in rows], np.float32) for k in rows[0]}
+    return 200, {"y": np.asarray(rows, np.float32)}
+
+
+def _request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name=model)
+    for n, a in inputs.items():
+        req.inputs.add(name=n, datatype=_V2[a.dtype], shape=list(a.shape))
+        req.raw_input_contents.append(a.tobytes())
+    return req
+
+
+def _outputs(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
+    return {o.name: np.frombuffer(raw, np.float32).reshape(list(o.shape))
+            for o, raw in zip(resp.outputs, resp.raw_output_contents)}
+
+
+_GRPC_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.INTERNAL: 500}
+
+
+def grpc_unary(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> tuple[int, Any]:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        try:
+            resp = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(_request(model, inputs), timeout=TIMEOUT)
+        except grpc.RpcError as err:
+            return _GRPC_STATUS.get(err.code(), -1), f"{err.code().name}: {err.details()}"
+    return 200, _outputs(resp)
+
+
+def grpc_stream(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> tuple[int, Any]:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        (reply,) = list(pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+            iter([_request(model, inputs)]), timeout=TIMEOUT))
+    if reply.error_message:  # in-band, without a status: the message says whose fault it was
+        client_fault = REFUSED in reply.error_message or "disagree on the batch size" in reply.error_message
+        return 400 if client_fault else 500, reply.error_message
+    return 200, _outputs(reply.infer_response)
+
+
+TRANSPORTS: dict[str, Callable[[ServerProcess, str, dict[str, np.ndarray]], tuple[int, Any]]] = {
+    "rest-json": rest_json, "rest-binary": rest_binary, "rest-v1": rest_v1,
+    "grpc": grpc_unary, "grpc-stream": grpc_stream,
+}
+
+
+# -- checks ---------------------------------------------------------------------------------
+def _refusals(server: ServerProcess) -> int:
+    return sum(REFUSED in line for line in list(server.lines))
+
+
+def _wait_refusals(server: ServerProcess, expected: int) -> None:
+    """The server logged exactly ``expected`` refusals in all (lines may trail the answers a little)."""
+    deadline = time.monotonic() + 5
+    while _refusals(server) < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)
+    assert _refusals(server) == expected, server.log[-3000:]
+
+
+def _model_ready(server: ServerProcess, model: str) -> bool:
+    return requests.get(f"{server.url}/v2/models/{model}/ready", timeout=TIMEOUT).status_code == 200
+
+
+def _assert_pair_answer(outputs: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> None:
+    np.testing.assert_allclose(outputs["sum"], inputs["a"] + inputs["b"], rtol=1e-6)
+    np.testing.assert_allclose(outputs["prod"], inputs["a"] * inputs["b"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+@pytest.mark.parametrize("model", ["pair", "pair_async", "pair_batched"])
+def test_inputs_that_fail_inside_openvino_are_answered_and_the_model_keeps_serving(
+        fault_server: ServerProcess, model: str, transport: str) -> None:
+    send = TRANSPORTS[transport]
+    width = W if model == "pair_async" else 4
+    before = _refusals(fault_server)
+    for i in range(ROUNDS):
+        status, error = send(fault_server, model, _pair(2, 3, width, seed=i))
+        assert status == 400, (status, error)
+        if model == "pair_batched":  # refused before batching: dimension 0 is the batch
+            assert "disagree on the batch size" in error and "a has 2, b has 3" in error, error
+        else:
+            assert REFUSED in error and "a [2,%d], b [3,%d]" % (width, width) in error, error
+        good = _pair(2, 2, width, seed=100 + i)
+        status, outputs = send(fault_server, model, good)
+        assert status == 200, outputs
+        _assert_pair_answer(outputs, good)
+        assert _model_ready(fault_server, model)
+    if model != "pair_batched":
+        _wait_refusals(fault_server, before + ROUNDS)  # one line per failure
+    assert "Traceback" not in fault_server.log
+
+
+def test_the_issues_large_binary_request_is_refused_and_the_model_serves_on(fault_server: ServerProcess) -> None:
+    """Item 2 as reported: REST binary, ``a`` [4096,512] and ``b`` [4095,512] into a + b."""
+    for i in range(3):
+        status, error = rest_binary(fault_server, "pair_async", _pair(4096, 4095, W, seed=i))
+        assert status == 400 and "a [4096,512], b [4095,512]" in error, (status, error)
+        good = _pair(4096, 4096, W, seed=10 + i)
+        status, outputs = rest_binary(fault_server, "pair_async", good)
+        assert status == 200
+        _assert_pair_answer(outputs, good)
+    assert _model_ready(fault_server, "pair_async")
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+@pytest.mark.parametrize("model", ["by_value", "by_value_batched"])
+def test_a_value_that_fails_inside_openvino_is_answered_and_the_model_keeps_serving(
+        fault_server: ServerProcess, model: str, transport: str) -> None:
+    send = TRANSPORTS[transport]
+    before = _refusals(fault_server)
+    for i in range(ROUNDS):
+        status, error = send(fault_server, model, _by_value(3, seed=i))
+        assert status == 400 and REFUSED in error and "x [1,4], k [1,1]" in error, (status, error)
+        good = _by_value(4, rows=2, seed=100 + i)
+        status, outputs = send(fault_server, model, good)
+        assert status == 200, outputs
+        np.testing.assert_array_equal(outputs["y"], good["x"])
+    _wait_refusals(fault_server, before + ROUNDS)
+    assert _model_ready(fault_server, model)
+
+
+def _concurrently(*calls: Callable[[], Any], stagger: float = 0.005) -> list[Any]:
+    """Start the calls ``stagger`` seconds apart on threads; their results in order."""
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+        time.sleep(stagger)
+    for t in threads:
+        t.join(TIMEOUT * 2)
+    return results
+
+
+@pytest.mark.parametrize("transport", ["rest-json", "rest-binary", "grpc"])
+def test_batching_never_answers_a_client_with_another_clients_input(fault_server: ServerProcess, transport: str) -> None:
+    """Item 1 as reported: client 2's ``b`` is empty; it must never get client 1's ``b`` back."""
+    send = TRANSPORTS[transport]
+    one = {"a": np.ones((1, 4), np.float32), "b": np.array([[100, 200, 300, 400]], np.float32)}
+    two = {"a": np.zeros((1, 4), np.float32), "b": np.zeros((0, 4), np.float32)}
+    for _ in range(3):
+        (s1, out1), (s2, out2) = _concurrently(lambda: send(fault_server, "pair_batched", one),
+                                               lambda: send(fault_server, "pair_batched", two))
+        assert s1 == 200, out1
+        _assert_pair_answer(out1, one)
+        assert s2 == 400 and "disagree on the batch size" in out2 and "a has 1, b has 0" in out2, (s2, out2)
+
+
+@pytest.mark.parametrize("transport", ["rest-json", "rest-binary", "grpc", "grpc-stream"])
+def test_one_bad_member_of_a_batch_fails_alone(fault_server: ServerProcess, transport: str) -> None:
+    """Item 3: requests of the same shapes join one batch; the batch fails for one member's value.
+    Each member still gets its own answer, and the model keeps serving."""
+    send = TRANSPORTS[transport]
+    before = _refusals(fault_server)
+    goods = [_by_value(4, rows=1, seed=200 + i) for i in range(3)]
+    bad = _by_value(3, rows=1, seed=299)
+    calls = [lambda g=g: send(fault_server, "by_value_batched", g) for g in goods[:2]]
+    calls += [lambda: send(fault_server, "by_value_batched", bad), lambda: send(fault_server, "by_value_batched", goods[2])]
+    results = _concurrently(*calls)
+    for good, (status, outputs) in zip(goods[:2] + [None, goods[2]], results):
+        if good is None:
+            assert status == 400 and REFUSED in outputs, (status, outputs)
+        else:
+            assert status == 200, outputs
+            np.testing.assert_array_equal(outputs["y"], good["x"])
+    _wait_refusals(fault_server, before + 1)  # the bad member alone, once; not the batch
+    good = _by_value(4, rows=3, seed=300)
+    status, outputs = send(fault_server, "by_value_batched", good)
+    assert status == 200 and _model_ready(fault_server, "by_value_batched")
+    np.testing.assert_array_equal(outputs["y"], good["x"])
+
+
+def test_failures_leave_no_traceback_and_name_the_model(fault_server: ServerProcess) -> None:
+    rest_json(fault_server, "pair", _pair(2, 3))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(REFUSED in ln and re.search(r"pair/1/model\.xml", ln)
+                                                  for ln in list(fault_server.lines)):
+        time.sleep(0.02)
+    assert any(REFUSED in ln and "pair/1/model.xml" in ln for ln in list(fault_server.lines)), fault_server.log[-2000:]
+    assert "Traceback" not in fault_server.log
