@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import socket
 import struct
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -451,6 +454,32 @@ def test_default_limit_is_one_gib(server, stub) -> None:
     assert status == 413, body
     assert str(1 << 30) in body["error"] and str((1 << 30) + 1) in body["error"], body
     assert_still_serving(server, stub, mark)
+
+
+#: (path, request head after the request line, the part of the body sent before hanging up)
+HANG_UPS = [
+    pytest.param(INFER, "Content-Length: 100000\r\n", b'{"inputs": [' + b" " * 5000, id="v2-json"),
+    pytest.param(INFER, "Content-Length: 100000\r\nInference-Header-Content-Length: 60\r\n",
+                 json.dumps({"inputs": [GOOD_HEADER]}).encode() + X_RAW[:20], id="v2-binary"),
+    pytest.param(INFER, "Transfer-Encoding: chunked\r\n", b"1000\r\n" + b" " * 2000, id="v2-chunked"),
+    pytest.param("/v1/models/add:predict", "Content-Length: 100000\r\n", b'{"instances": [' + b"0, " * 900,
+                 id="v1"),
+    pytest.param("/v2/repository/index", "Content-Length: 100000\r\n", b"{", id="repository-index"),
+]
+
+
+@pytest.mark.parametrize("path,head,sent", HANG_UPS)
+def test_a_client_hanging_up_mid_upload_is_one_info_line(server, stub, path: str, head: str, sent: bytes) -> None:
+    """A client that goes away before its body is read is no error of the server's."""
+    mark = len(server.lines)
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=TIMEOUT) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\n{head}\r\n".encode() + sent)
+        time.sleep(0.2)  # the server is waiting for the rest of the body when the client leaves
+    server.wait_log(r"INFO .*client went away during POST " + re.escape(path))
+    assert_still_serving(server, stub, mark)
+    logged = server.lines[mark:]
+    assert len([line for line in logged if "client went away" in line]) == 1, logged
+    assert not [line for line in logged if " ERROR " in line or " WARNING " in line], logged
 
 
 # -- gRPC: ModelInfer ----------------------------------------------------------

@@ -3,6 +3,9 @@
 Binary tensors decoded from it are numpy views that OpenVINO reads in place,
 so the body must be a ``bytearray`` holding exactly what arrived, whatever the
 chunking and whether Content-Length is right, wrong or absent.
+
+And the REST app's last resort: an unexpected error is a 500 without a
+traceback for the client, and one log record with it (not two).
 """
 from __future__ import annotations
 
@@ -67,3 +70,43 @@ def test_an_undeclared_body_over_the_limit_is_refused_while_reading() -> None:
 def test_a_bad_content_length_is_a_clear_error() -> None:
     with pytest.raises(InvalidInput, match="bad Content-Length 'ten'"):
         _read([DATA], "ten")
+
+
+def _call(app, path: str) -> tuple[list[dict], BaseException | None]:
+    """Run one GET through an ASGI app; the messages it sent and what it raised."""
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "headers": [],
+             "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 80)}
+    try:
+        asyncio.run(app(scope, receive, send))
+    except BaseException as exc:  # noqa: BLE001 - what escapes is the point
+        return sent, exc
+    return sent, None
+
+
+def test_an_unexpected_error_is_one_500_and_one_log_record(caplog: pytest.LogCaptureFixture) -> None:
+    """Starlette's own last resort answers and re-raises, and uvicorn logged the error a second time."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+
+    from ovserve.server.transports.rest.app import LastResort
+
+    async def boom(request: Request) -> None:
+        raise RuntimeError("a bug")
+
+    app = Starlette(routes=[Route("/boom", boom)], middleware=[Middleware(LastResort)])
+    with caplog.at_level("INFO"):
+        sent, raised = _call(app, "/boom")
+    assert raised is None  # nothing left for uvicorn to log again
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 500
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b'{"error":"internal error: RuntimeError"}'
+    records = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(records) == 1 and records[0].exc_info and "GET /boom" in records[0].getMessage(), records

@@ -2,7 +2,8 @@
 
 Errors are mapped here, once: a :class:`ServerError` becomes its HTTP status
 with ``{"error": message}``; anything unexpected becomes a 500 with no
-traceback (the traceback goes to the log).
+traceback (the traceback goes to the log, once). A client that goes away
+before its request is read is no error of the server's: one INFO line.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...dataplane import DataPlane
 from ...errors import ServerError, http_status
@@ -38,18 +41,52 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, str(exc.detail))
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(500, f"internal error: {type(exc).__name__}")
+async def _on_disconnect(request: Request, exc: Exception) -> Response:
+    # Starlette raises ClientDisconnect from the body stream when the client hung
+    # up mid-upload. The answer goes nowhere (uvicorn drops what is sent to a
+    # closed connection); 499 is what nginx logs for it.
+    log.info("client went away during %s %s", request.method, request.url.path)
+    return error_response(499, "client closed the connection")
+
+
+class LastResort:
+    """Anything the handlers did not map: logged once with its traceback, answered 500 without it.
+
+    Starlette's own last resort (``ServerErrorMiddleware``, given an ``Exception``
+    handler) answers and then re-raises, so uvicorn logged every unexpected error
+    a second time; this sits inside it and does not re-raise.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:  # else the client gets a cut-short answer, as from any failed stream
+                await error_response(500, f"internal error: {type(exc).__name__}")(scope, receive, send)
 
 
 def create_app(dataplane: DataPlane, max_request_bytes: int) -> Starlette:
     app = Starlette(
         routes=v2.routes() + v1.routes(),
+        middleware=[Middleware(LastResort)],
         exception_handlers={
             ServerError: _on_server_error,
             HTTPException: _on_http_error,
-            Exception: _on_unexpected,
+            ClientDisconnect: _on_disconnect,
         },
     )
     app.state.dataplane = dataplane
