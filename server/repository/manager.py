@@ -3,8 +3,13 @@
 It polls its source (a config file, a repository folder or one model) and
 reconciles: new versions are loaded before old ones are unloaded, so a version
 switch has no gap; an unloading version refuses new requests and waits for its
-in-flight requests before it is released. A model that fails to load ends in
-END with its reason and never blocks the others.
+in-flight requests before it is released. The versions served follow the
+folders on disk both ways: a version whose folder goes away is retired, one
+that (re)appears is loaded. A model that fails to load ends in END with its
+reason and never blocks the others; it is tried again once its files change.
+
+Each poll sees the same problems again (an invalid config, a model folder with
+no versions): each is logged once, when it appears or changes, not at every poll.
 """
 from __future__ import annotations
 
@@ -54,6 +59,11 @@ class ModelVersion:
     inflight: int = 0
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def failed(self) -> bool:
+        """Whether this version's load failed (END with an error), as opposed to retired (END, OK)."""
+        return self.status.state is State.END and self.status.error_code != "OK"
+
     def set_state(self, state: State, code: str = "OK", message: str = "") -> None:
         self.status = Status(state, code, message)
         if code == "OK":
@@ -80,6 +90,7 @@ class ModelManager:
         self._ready = False
         self._lock = asyncio.Lock()
         self._unloaded: set[str] = set()  # unloaded through the repository API
+        self._source_problem: str | None = None  # why the source is invalid, as last logged
         self._poller: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(
             max_workers=load_workers or min(4, (os.cpu_count() or 1) + 1), thread_name_prefix="ovserve-load"
@@ -92,12 +103,10 @@ class ModelManager:
         return self._ready
 
     async def start(self) -> None:
-        """Initial load; raises InvalidInput if the source itself is unusable."""
-        try:
-            await self.reconcile(initial=True)
-        finally:
-            self._ready = True
-            log.info("initial load finished: server ready (%s)", self.summary())
+        """Initial load; raises InvalidInput if the source itself is unusable (the server then stops)."""
+        await self.reconcile(initial=True)
+        self._ready = True
+        log.info("initial load finished: server ready (%s)", self.summary())
         if self.poll_interval > 0:
             self._poller = asyncio.create_task(self._poll(), name="ovserve-poll")
 
@@ -118,12 +127,17 @@ class ModelManager:
         return " ".join(parts) or "no models"
 
     async def _poll(self) -> None:
+        last_failure = ""
         while True:
             await asyncio.sleep(self.poll_interval)
             try:
                 await self.reconcile()
-            except Exception:  # never let the watcher die
-                log.exception("reconcile failed; will retry")
+                last_failure = ""
+            except Exception as exc:  # a bug: never let the watcher die, nor flood the log with it
+                failure = f"{type(exc).__name__}: {exc}"
+                if failure != last_failure:
+                    log.exception("reconcile failed; will retry (logged again only if the error changes)")
+                last_failure = failure
 
     # -- reconciliation ----------------------------------------------------
     async def reconcile(self, initial: bool = False) -> None:
@@ -133,8 +147,14 @@ class ModelManager:
             except InvalidInput as exc:
                 if initial:
                     raise
-                log.error("%s is invalid, keeping the current models: %s", self.source.describe(), exc)
+                # Every poll reads the same bad source again: say so once per problem.
+                if exc.message != self._source_problem:
+                    log.error("%s is invalid, keeping the current models: %s", self.source.describe(), exc.message)
+                    self._source_problem = exc.message
                 return
+            if self._source_problem is not None:
+                log.info("%s is valid again", self.source.describe())
+                self._source_problem = None
             wanted = {c.name: c for c in desired}
             work = []
             for name in list(self.models):
@@ -143,11 +163,15 @@ class ModelManager:
             for name, cfg in wanted.items():
                 if name not in self._unloaded:
                     work.append(self._reconcile_model(cfg))
-            await asyncio.gather(*work)
+            # Every model's work finishes under the lock, even when one of them fails.
+            for outcome in await asyncio.gather(*work, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def _retire(self, name: str) -> None:
         served = self.models[name]
         log.info("model %s is no longer configured: unloading", name)
+        self._unloaded.discard(name)  # an explicit unload ends with the model's configuration
         await asyncio.gather(*(self._unload(mv) for mv in served.versions.values()))
         del self.models[name]
 
@@ -158,34 +182,55 @@ class ModelManager:
             # serve until the fresh ones have loaded.
             if not force:
                 log.info("model %s: configuration changed, reloading", cfg.name)
+                self._log_notes(cfg)
             await self._sync_versions(ServedModel(cfg), keep_serving=served)
             return
         if served is None:
             served = self.models[cfg.name] = ServedModel(cfg)
+            self._log_notes(cfg)
         await self._sync_versions(served)
+
+    @staticmethod
+    def _log_notes(cfg: ModelConfig) -> None:
+        """What the parser let pass in a model's entry: logged when the entry is applied, not at every poll."""
+        for note in cfg.notes:
+            log.warning("%s", note)
+
+    @staticmethod
+    def _scan(cfg: ModelConfig) -> tuple[list[int], list[int], str]:
+        """(versions on disk, versions the policy wants, why none is wanted or "")."""
+        try:
+            on_disk = cfg.versions_on_disk()
+        except FileNotFoundError:
+            return [], [], f"base path {cfg.base_path} does not exist"
+        except NotADirectoryError:
+            return [], [], f"base path {cfg.base_path} is not a folder"
+        except OSError as exc:
+            return [], [], f"cannot list base path {cfg.base_path}: {exc.strerror or exc}"
+        wanted = cfg.policy.select(on_disk)
+        if wanted:
+            return on_disk, wanted, ""
+        if not on_disk:
+            return on_disk, wanted, f"no version folders in {cfg.base_path}"
+        return on_disk, wanted, f"no version matches the policy {cfg.policy}"
 
     async def _sync_versions(self, served: ServedModel, keep_serving: ServedModel | None = None) -> None:
         cfg = served.config
-        if not cfg.base_path.is_dir():
-            served.note = f"base path {cfg.base_path} does not exist"
-            wanted: list[int] = []
-        else:
-            on_disk = cfg.versions_on_disk()
-            wanted = cfg.policy.select(on_disk)
-            served.note = "" if wanted else (
-                f"no version folders in {cfg.base_path}" if not on_disk else f"no version matches the policy {cfg.policy}"
-            )
-        if served.note:
-            log.warning("model %s: %s", cfg.name, served.note)
+        on_disk, wanted, note = self._scan(cfg)
+        if note and note != served.note:  # logged when it appears or changes, not at every poll
+            log.warning("model %s: %s", cfg.name, note)
+        served.note = note
         loads = []
         for v in wanted:
             mv = served.versions.get(v)
-            vdir = cfg.base_path / str(v)
-            fp = _fingerprint(vdir)
             if mv is not None and mv.status.state in (State.AVAILABLE, State.LOADING):
                 continue
-            if mv is not None and mv.status.state is State.END and mv.fingerprint == fp:
-                continue  # failed before and nothing changed on disk: do not retry
+            fp = _fingerprint(cfg.base_path / str(v))
+            if mv is not None and mv.failed and mv.fingerprint == fp:
+                # Its load failed and its files are as they were: it would fail again. Only a
+                # failure waits for a change; a version retired normally (END, OK) loads again
+                # whenever the policy wants it back, even from files restored with their old mtimes.
+                continue
             mv = ModelVersion(cfg.name, v, cfg, fingerprint=fp)
             mv.set_state(State.START)
             served.versions[v] = mv
@@ -194,13 +239,19 @@ class ModelManager:
         if keep_serving is not None:
             self.models[cfg.name] = served  # switch over now that the fresh versions have loaded
         stale = [mv for v, mv in served.versions.items() if v not in wanted and mv.status.state is not State.END]
+        gone = [mv for mv in stale if mv.version not in on_disk]
+        if gone:
+            log.info("model %s: version(s) %s left %s: retiring", cfg.name,
+                     ", ".join(str(mv.version) for mv in gone), cfg.base_path)
         if stale and wanted and not any(served.versions[v].status.state is State.AVAILABLE for v in wanted):
             # No version the policy wants could load (say, a version folder still being
-            # copied): the older versions keep serving until one can.
-            if loads:
+            # copied): the older versions still on disk keep serving until one can. A version
+            # whose folder is gone is retired all the same: the served versions follow the disk.
+            kept = [mv for mv in stale if mv.version in on_disk]
+            if kept and loads:
                 log.warning("model %s: keeping version(s) %s serving, no wanted version loaded",
-                            cfg.name, ", ".join(str(mv.version) for mv in stale))
-            stale = []
+                            cfg.name, ", ".join(str(mv.version) for mv in kept))
+            stale = gone
         if keep_serving is not None:
             stale += [mv for mv in keep_serving.versions.values() if mv.status.state is not State.END]
         # Retired versions stay listed in END, as OVMS shows them.
