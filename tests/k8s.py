@@ -71,6 +71,7 @@ class ControlPlane:
         self.procs: dict[str, subprocess.Popen] = {}
         self.admin_token = secrets.token_hex(16)
         self.url = ""
+        self._api_args: list[str] = []
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "ab")
@@ -113,7 +114,7 @@ class ControlPlane:
             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", f"default={peer_url}"])
-        self._spawn("kube-apiserver", [
+        self._api_args = [
             f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={api_port}", "--insecure-port=0", f"--cert-dir={self.dir / 'certs'}",
             f"--token-auth-file={self.dir / 'tokens.csv'}", "--authorization-mode=RBAC",
@@ -121,7 +122,8 @@ class ControlPlane:
             f"--service-account-signing-key-file={self.dir / 'sa.key'}",
             f"--service-account-issuer={ISSUER}", f"--api-audiences={ISSUER}",
             "--disable-admission-plugins=ServiceAccount", "--service-cluster-ip-range=10.96.0.0/16",
-            "--enable-priority-and-fairness=false", "--profiling=false", "--v=1"])
+            "--enable-priority-and-fairness=false", "--profiling=false", "--v=1"]
+        self._spawn("kube-apiserver", self._api_args)
         self.url = f"https://127.0.0.1:{api_port}"
         self._wait_ready(timeout=90)
         admin = self.dir / "admin.kubeconfig"
@@ -149,14 +151,32 @@ class ControlPlane:
             time.sleep(0.2)
         raise RuntimeError(f"kube-apiserver not ready after {timeout}s:\n{self.log('kube-apiserver')}")
 
+    def stop_api_server(self, kill: bool = False) -> None:
+        """Stop kube-apiserver alone (etcd and the controller manager keep running): SIGTERM, or SIGKILL."""
+        proc = self.procs.pop("kube-apiserver")
+        _end(proc, kill)
+
+    def start_api_server(self, timeout: float = 90) -> None:
+        """Start kube-apiserver again on the same port, certificates and etcd, so every client's
+        kubeconfig still points at it; return once it answers /readyz. The port is free as soon as
+        the old process is gone (the API server listens with SO_REUSEADDR)."""
+        self._spawn("kube-apiserver", self._api_args)
+        self._wait_ready(timeout)
+
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
-            proc = self.procs.pop(name)
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            _end(self.procs.pop(name))
+
+
+def _end(proc: subprocess.Popen, kill: bool = False) -> None:
+    if proc.poll() is None:
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 

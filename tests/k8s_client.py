@@ -19,6 +19,7 @@ import yaml
 
 from .k8s import ControlPlane, kubeconfig
 
+ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data/isvc"
 IMAGE = "registry.example.com/ovserve:test"
 ISVC = "/apis/serving.kserve.io/v1beta1"
@@ -157,6 +158,12 @@ def service_account_kubeconfig(cluster: ControlPlane, kube: Kube, name: str, rul
     return path
 
 
+def operator_kubeconfig(cluster: ControlPlane, kube: Kube) -> Path:
+    """Credentials of the operator's ServiceAccount, bound to the rules of ``operator/rbac.yaml``."""
+    rules = yaml.safe_load((ROOT / "operator/rbac.yaml").read_text())["rules"]
+    return service_account_kubeconfig(cluster, kube, "ovserve-operator", rules)
+
+
 class Operator:
     """``ovserve-operator`` as a user starts it: the console script, a kubeconfig, any working directory."""
 
@@ -189,8 +196,24 @@ class Operator:
     def log(self) -> str:
         return self.logfile.read_text(errors="replace")[-6000:] if self.logfile.exists() else ""
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process does nothing (no request, no reconnect) until ``thaw``."""
+        assert self.proc and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc
+        self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL: no handler finishes, nothing is cleaned up (a node lost, the OOM killer)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # in case a test left it frozen
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
@@ -213,3 +236,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 def kube(cluster: ControlPlane) -> "Kube":
     """The API as cluster admin."""
     return Kube(cluster.url, cluster.admin_token)
+
+
+@pytest.fixture(scope="module")
+def crd(kube: Kube) -> dict:
+    """The InferenceService CRD, installed, established and served."""
+    body = yaml.safe_load((ROOT / "crds/serving.kserve.io_inferenceservices.yaml").read_text())
+    kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body)
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.serving.kserve.io"
+    eventually(lambda: any(c["type"] == "Established" and c["status"] == "True"
+                           for c in ((kube.get(path) or {}).get("status") or {}).get("conditions") or []),
+               what="CRD established")
+    eventually(lambda: kube.get(isvc_path("default")) is not None, what="CRD served")
+    return body
+
+
+@pytest.fixture
+def ns(kube: Kube, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace named after the test."""
+    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].strip("-")
+    kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    return name

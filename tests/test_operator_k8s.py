@@ -19,9 +19,10 @@ import yaml
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import cluster, kube  # noqa: F401  (module fixtures)
+from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
 from .k8s_client import (DATA, IMAGE, ISVC, Kube, KubeError, Operator, conditions, deploy_path, eventually,
-                         example, hpa_path, isvc_path, roll_out, service_account_kubeconfig, svc_path, wait_condition)
+                         example, hpa_path, isvc_path, operator_kubeconfig, roll_out, service_account_kubeconfig,
+                         svc_path, wait_condition)
 
 pytestmark = [pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -33,30 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def crd(kube: Kube) -> dict:
-    body = yaml.safe_load((ROOT / "crds/serving.kserve.io_inferenceservices.yaml").read_text())
-    kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body)
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.serving.kserve.io"
-    eventually(lambda: any(c["type"] == "Established" and c["status"] == "True"
-                           for c in ((kube.get(path) or {}).get("status") or {}).get("conditions") or []), what="CRD established")
-    eventually(lambda: kube.get(isvc_path("default")) is not None, what="CRD served")
-    return body
-
-
-@pytest.fixture(scope="module")
 def operator(cluster: ControlPlane, kube: Kube, crd: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    rules = yaml.safe_load((ROOT / "operator/rbac.yaml").read_text())["rules"]
-    config = service_account_kubeconfig(cluster, kube, "ovserve-operator", rules)
-    op = Operator(config, tmp_path_factory.mktemp("operator-cwd")).start()
+    op = Operator(operator_kubeconfig(cluster, kube), tmp_path_factory.mktemp("operator-cwd")).start()
     yield op
     op.stop()
-
-
-@pytest.fixture
-def ns(kube: Kube, request: pytest.FixtureRequest) -> str:
-    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].strip("-")
-    kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    return name
 
 
 # -- the tests ----------------------------------------------------------------------
