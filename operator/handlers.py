@@ -1,7 +1,7 @@
 """Thin kopf handlers: read, call the pure builders, let ``apply`` write.
 
-``memo.cluster`` (an ``apply.Cluster``) and ``memo.config`` (a
-``manifests.Config``) are set by ``main``.
+``memo.cluster`` (an ``apply.Cluster``), ``memo.config`` (a
+``manifests.Config``) and ``memo.known`` (a ``resync.Known``) are set by ``main``.
 """
 from __future__ import annotations
 
@@ -87,6 +87,16 @@ def reconcile(isvc: dict, cluster: Cluster, config: manifests.Config) -> None:
 @kopf.on.update(*ISVC)
 def inference_service(body: kopf.Body, memo: kopf.Memo, **_: object) -> None:
     reconcile(_plain(body), memo.cluster, memo.config)
+
+
+@kopf.on.event(*ISVC)
+def known(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> None:
+    """Keep the list of InferenceServices the periodic resync checks (``resync.py``)."""
+    meta = body["metadata"]
+    if type == "DELETED":
+        memo.known.discard(meta["namespace"], meta["name"])
+    else:
+        memo.known.add(meta["namespace"], meta["name"])
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)

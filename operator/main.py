@@ -4,14 +4,20 @@ With only ``KUBECONFIG`` (or inside a pod, its service account) it watches every
 namespace; ``--namespace`` (repeatable) restricts it. Liveness is served at
 ``http://HOST:PORT/healthz``. kopf peering (which needs kopf's peering CRDs) is
 used only when ``--peering NAME`` is given, i.e. when more than one replica runs.
+Every ``--resync-seconds`` each InferenceService is checked against its children
+(``resync.py``): the net under a watch event lost while the API server was away.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    import kopf
 
 ENV = "OVSERVE_OPERATOR_"
 
@@ -35,9 +41,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help="liveness endpoint port (GET /healthz)")
     p.add_argument("--peering", default=_env("PEERING", ""), metavar="NAME",
                    help="kopf peering object for running several replicas (one is active); default: none")
+    p.add_argument("--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "60")), metavar="S",
+                   help="check every InferenceService against its children this often, and repair what a lost "
+                        "watch event left behind (0: never)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every handler step")
     p.add_argument("--debug", action="store_true", help="log the API traffic too")
     return p
+
+
+def ride_out_outages(settings: "kopf.OperatorSettings") -> None:
+    """How kopf's requests and watches behave while the API server is away (a restart, an upgrade,
+    a network cut). Watches never give up: a watch whose request failed for good starts over.
+    ``tests/test_operator_resilience.py`` restarts a real API server under the operator."""
+    # The pauses between the attempts of a failed request, watches included. kopf's default
+    # (1, 1, 2, 3, 5, 8, 13, 21) can leave the operator deaf for up to 21 s after the API server is
+    # back; capped at 5 s, it is back on its watches within 5 s, for about as many attempts in all
+    # (~50 s) before one request is given up (a handler is then retried from kopf's stored state).
+    settings.networking.error_backoffs = (1, 1, 2, 3, 5, 5, 5, 5, 5, 5, 5, 5)
+    # A connection that is never answered (an address that drops packets) would otherwise wait the
+    # whole request timeout (5 minutes) before its first retry.
+    settings.networking.connect_timeout = 10
+    settings.watching.connect_timeout = 10
+    # A watch silent this long (a half-open connection to an API server that vanished) is reopened.
+    # kopf's default, kept on purpose: newer API servers send a bookmark about every minute, and an
+    # idle watch reopened from its last resourceVersion costs one request.
+    settings.watching.inactivity_timeout = 70
+
+
+async def _run(args: argparse.Namespace, memo: "kopf.Memo", namespaces: list[str]) -> None:
+    import kopf
+
+    from . import resync
+
+    settings = kopf.OperatorSettings()
+    ride_out_outages(settings)
+    loop = asyncio.create_task(resync.forever(memo.cluster, memo.config, memo.known, args.resync_seconds)) \
+        if args.resync_seconds > 0 else None
+    try:
+        await kopf.operator(
+            clusterwide=not namespaces, namespaces=namespaces, settings=settings,
+            standalone=not args.peering, peering_name=args.peering or None,
+            liveness_endpoint=f"http://{args.health_host}:{args.health_port}/healthz", memo=memo)
+    finally:
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,16 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import handlers  # noqa: F401  (registers the handlers)
     from .apply import Cluster
     from .manifests import Config
+    from .resync import Known
 
     kopf.configure(verbose=args.verbose, debug=args.debug, log_prefix=True)  # lines name their object
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # not a line per liveness probe
-    memo = kopf.Memo(cluster=Cluster.from_environment(),
+    memo = kopf.Memo(cluster=Cluster.from_environment(), known=Known(),
                      config=Config(image=args.server_image, image_pull_policy=args.image_pull_policy))
     namespaces = args.namespace or [n for n in _env("NAMESPACE", "").split(",") if n]
-    asyncio.run(kopf.operator(
-        clusterwide=not namespaces, namespaces=namespaces,
-        standalone=not args.peering, peering_name=args.peering or None,
-        liveness_endpoint=f"http://{args.health_host}:{args.health_port}/healthz", memo=memo))
+    asyncio.run(_run(args, memo, namespaces))
     return 0
 
 
