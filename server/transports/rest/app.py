@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 async def _on_server_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServerError)
     status = http_status(exc)
-    if status >= 500 and status != 503:
+    if status >= 500 and status != 503 and not exc.logged:
         log.error("%s %s: %s", request.method, request.url.path, exc.message)
     return error_response(status, exc.message)
 
