@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "storage-initializer":
         from .storage import main as storage_main
 
-        return storage_main(ns.src, ns.dest)
+        return storage_main(ns)
     if ns.command == "transformer":
         from .components.transformer_server import main as transformer_main
 

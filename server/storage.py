@@ -5,125 +5,321 @@ SRC is an ``http(s)://`` URL of a file or of an archive (.tar, .tar.gz/.tgz,
 is copied with its contents, a file into DEST, an archive unpacked). This is
 what the operator's init container runs; ``pvc://`` claims are mounted by the
 operator instead, never copied.
+
+All or nothing: the model is fetched (and unpacked) into a scratch folder inside
+DEST, then merged into DEST only when all of it arrived intact; on any failure
+DEST is left as it was. Downloads must match their Content-Length (and the
+--sha256 or #sha256= digest when given); archives are verified to their last
+CRC and may not expand beyond --max-unpacked-bytes or --max-ratio.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import http.client
 import os
+import re
 import shutil
 import sys
-import tarfile
 import tempfile
 import urllib.error
 import urllib.request
-import zipfile
 from pathlib import Path, PurePosixPath
+from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 from . import __version__
+from .archives import CHUNK, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, RATIO_FLOOR, ArchiveError, Limits, is_archive, unpack
 
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks, so no sweeping either
+    fcntl = None  # type: ignore[assignment]
+
 TIMEOUT = 60.0
+#: scratch folders live inside DEST, the only place sure to be on DEST's filesystem (DEST is usually an
+#: emptyDir mount point, whose parent is another filesystem): moving from there into DEST is a rename
+STAGING_PREFIX = ".ovserve-staging-"
+SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+_UNITS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+Fetch = Callable[[Path, Path, Limits], None]  # (scratch folder, model folder to fill, limits)
 
 
 class StorageError(Exception):
     """The model cannot be fetched; the message says why."""
 
 
-def _is_archive(name: str) -> bool:
-    return name.lower().endswith((*TAR_SUFFIXES, ".zip"))
+# -- checksums -------------------------------------------------------------------------
+
+def _expected_sha256(flag: str | None, fragment: str, src: str) -> str | None:
+    """The digest to check: ``--sha256``, or a ``#sha256=`` fragment as pip reads in URLs (PEP 503)."""
+    given = None
+    if "=" in fragment:
+        algorithm, _, value = fragment.partition("=")
+        if algorithm.lower() == "sha256":
+            given = value
+        elif algorithm.lower() in hashlib.algorithms_guaranteed:
+            raise StorageError(f"{src}: only #sha256= is checked, not #{algorithm}=")
+    for value in (flag, given):
+        if value is not None and not SHA256.fullmatch(value):
+            raise StorageError(f"{src}: {value!r} is not a SHA-256 digest (64 hex digits)")
+    if flag and given and flag.lower() != given.lower():
+        raise StorageError(f"{src}: --sha256 and the URL's #sha256= differ")
+    return (flag or given or "").lower() or None
 
 
-def _unpack(archive: Path, name: str, dest: Path) -> None:
-    root = dest.resolve()
-    try:
-        if name.lower().endswith(".zip"):
-            with zipfile.ZipFile(archive) as z:
-                for member in z.namelist():
-                    if not (root / member).resolve().is_relative_to(root):
-                        raise StorageError(f"{name}: entry {member!r} points outside the destination")
-                z.extractall(root)
-        else:
-            with tarfile.open(archive, "r:*") as t:
-                if hasattr(tarfile, "data_filter"):
-                    t.extractall(root, filter="data")
-                else:  # pragma: no cover - Pythons before the extraction filters
-                    for m in t.getmembers():
-                        if not (root / m.name).resolve().is_relative_to(root) or m.issym() or m.islnk():
-                            raise StorageError(f"{name}: entry {m.name!r} is unsafe to extract")
-                    t.extractall(root)
-    except (tarfile.TarError, zipfile.BadZipFile) as exc:
-        raise StorageError(f"{name}: not a valid archive ({exc})") from None
+def _check_sha256(digest: hashlib._Hash, expected: str | None, name: str) -> None:
+    if expected is not None and digest.hexdigest() != expected:
+        raise StorageError(f"{name}: SHA-256 is {digest.hexdigest()}, expected {expected}")
 
 
-def _place(path: Path, name: str, dest: Path) -> None:
-    if _is_archive(name):
-        _unpack(path, name, dest)
-    else:
-        shutil.copyfile(path, dest / name)
+def _file_sha256(path: Path) -> hashlib._Hash:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest
 
 
-def _download(url: str, dest: Path) -> None:
-    name = PurePosixPath(unquote(urlsplit(url).path)).name
-    if not name:
-        raise StorageError(f"{url}: names no file (give a file or an archive, not a folder)")
-    request = urllib.request.Request(url, headers={"User-Agent": f"ovserve-storage-initializer/{__version__}"})
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
-        part = Path(tmp) / name
+# -- fetching into the scratch folder ------------------------------------------------------
+
+def _place(path: Path, name: str, tree: Path, limits: Limits) -> None:
+    if is_archive(name):
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT) as response, open(part, "wb") as out:
-                shutil.copyfileobj(response, out, 1 << 20)
-        except urllib.error.HTTPError as exc:
-            raise StorageError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise StorageError(f"{url}: {getattr(exc, 'reason', exc)}") from None
-        _place(part, name, dest)
-
-
-def _copy(src: Path, dest: Path) -> None:
-    if src.is_dir():
-        shutil.copytree(src, dest, dirs_exist_ok=True)
+            unpack(path, name, tree, limits)
+        except ArchiveError as exc:
+            raise StorageError(f"{name}: {exc}") from None
     else:
-        _place(src, src.name, dest)
+        shutil.copyfile(path, tree / name)
 
 
-def initialize(src: str, dest: Path) -> Path:
-    """Fetch ``src`` into the folder ``dest`` (created if needed); returns ``dest``."""
+def _download(url: str, name: str, expected: str | None, work: Path, tree: Path, limits: Limits) -> None:
+    archive = is_archive(name)
+    part = (work if archive else tree) / name  # an archive is unpacked into tree, then dropped with work
+    request = urllib.request.Request(url, headers={"User-Agent": f"ovserve-storage-initializer/{__version__}"})
+    digest = hashlib.sha256()
+    received, announced = 0, None
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response, open(part, "wb") as out:
+            # None when chunked (its framing says where it ends) or when the server sent no length
+            announced = response.length
+            while chunk := response.read(CHUNK):
+                received += len(chunk)
+                digest.update(chunk)
+                out.write(chunk)
+    except urllib.error.HTTPError as exc:
+        raise StorageError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except http.client.IncompleteRead as exc:  # a chunked body cut short (partial: this read's share)
+        raise StorageError(f"{url}: download cut short after {received + len(exc.partial)} bytes") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        raise StorageError(f"{url}: {getattr(exc, 'reason', None) or exc}") from None
+    # http.client ends a body quietly when the connection closes before Content-Length bytes came
+    if announced is not None and received != announced:
+        raise StorageError(f"{url}: download cut short: {received} of {announced} bytes (Content-Length)")
+    _check_sha256(digest, expected, url)
+    if archive:
+        _place(part, name, tree, limits)
+
+
+def _copy_file(local: Path, expected: str | None, work: Path, tree: Path, limits: Limits) -> None:
+    if expected is not None:
+        _check_sha256(_file_sha256(local), expected, str(local))
+    _place(local, local.name, tree, limits)
+
+
+def _copy_folder(local: Path, work: Path, tree: Path, limits: Limits) -> None:
+    shutil.copytree(local, tree, dirs_exist_ok=True)
+
+
+def _source(src: str, dest: Path, sha256: str | None) -> Fetch:
+    """How to fetch ``src``, every check that needs no I/O on DEST done first."""
     parts = urlsplit(src)
     scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
         if not parts.netloc:
             raise StorageError(f"{src}: no host in the URL")
-        dest.mkdir(parents=True, exist_ok=True)
-        _download(src, dest)
-    elif scheme == "file" or scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        name = PurePosixPath(unquote(parts.path)).name
+        if not name:
+            raise StorageError(f"{src}: names no file (give a file or an archive, not a folder)")
+        expected = _expected_sha256(sha256, parts.fragment, src)
+        url = parts._replace(fragment="").geturl()
+        return lambda work, tree, limits: _download(url, name, expected, work, tree, limits)
+    if scheme == "file" or scheme == "" or (len(scheme) == 1 and os.name == "nt"):
         if scheme == "file" and parts.netloc not in ("", "localhost"):
             raise StorageError(f"{src}: file URIs name a local path: file:///path")
         local = Path(unquote(parts.path)) if scheme == "file" else Path(src)
         if not local.exists():
             raise StorageError(f"{local}: no such file or folder")
-        dest.mkdir(parents=True, exist_ok=True)
-        _copy(local, dest)
-    elif scheme == "pvc":
+        expected = _expected_sha256(sha256, parts.fragment if scheme == "file" else "", src)
+        if not local.is_dir():
+            return lambda work, tree, limits: _copy_file(local, expected, work, tree, limits)
+        if expected is not None:
+            raise StorageError(f"{local}: is a folder; --sha256 checks a file")
+        if dest.resolve().is_relative_to(local.resolve()):  # the copy would copy itself
+            raise StorageError(f"{local}: DEST {dest} is inside this folder")
+        return lambda work, tree, limits: _copy_folder(local, work, tree, limits)
+    if scheme == "pvc":
         raise StorageError(f"{src}: a pvc:// claim is mounted by the operator, not copied")
-    else:
-        raise StorageError(f"{src}: unsupported scheme {scheme!r} (use http(s)://, file:// or a local path)")
+    raise StorageError(f"{src}: unsupported scheme {scheme!r} (use http(s)://, file:// or a local path)")
+
+
+# -- all or nothing ------------------------------------------------------------------------
+
+def _make_dirs(dest: Path) -> list[Path]:
+    """Create ``dest`` and its missing parents; the ones created, outermost first."""
+    missing = []
+    for folder in (dest, *dest.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    dest.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[bool]:
+    """Hold DEST for this run (True), so scratch folders left by a killed run can be swept safely."""
+    if fcntl is None:  # pragma: no cover
+        yield False
+        return
+    fd = os.open(dest, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when fd closes, or the process dies
+            held = True
+        except BlockingIOError:
+            raise StorageError(f"{dest}: another storage-initializer is filling it") from None
+        except OSError:  # a filesystem without flock: go on, sweeping nothing
+            held = False
+        yield held
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _scratch(dest: Path) -> Iterator[Path]:
+    with _locked(dest) as held:
+        if held:  # left by a run that was killed (OOM, SIGKILL): its container restarts on the same emptyDir
+            for stale in dest.glob(STAGING_PREFIX + "*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _conflicts(tree: Path, dest: Path) -> Iterator[Path]:
+    """Paths where the model has a folder and DEST something else, or the other way round."""
+    for entry in os.scandir(tree):
+        there = dest / entry.name
+        if not os.path.lexists(there):
+            continue
+        ours = entry.is_dir(follow_symlinks=False)
+        theirs = there.is_dir() and not there.is_symlink()
+        if ours and theirs:
+            yield from _conflicts(Path(entry.path), there)
+        elif ours != theirs:
+            yield there
+
+
+def _move(tree: Path, dest: Path) -> None:
+    for entry in os.scandir(tree):
+        there = dest / entry.name
+        if entry.is_dir(follow_symlinks=False) and os.path.lexists(there):
+            _move(Path(entry.path), there)
+        else:
+            os.replace(entry.path, there)  # same filesystem: a rename, atomic per entry
+
+
+def _merge(tree: Path, dest: Path) -> None:
+    """Move the model into DEST: new entries added, same-named files replaced, the rest of DEST kept."""
+    clash = next(_conflicts(tree, dest), None)
+    if clash is not None:
+        kind = "a folder" if clash.is_dir() and not clash.is_symlink() else "a file"
+        raise StorageError(f"{clash} is {kind} in DEST, and the model has the other kind there")
+    _move(tree, dest)
+
+
+def initialize(src: str, dest: Path, limits: Limits = Limits(), sha256: str | None = None) -> Path:
+    """Fetch ``src`` into the folder ``dest`` (created if needed); returns ``dest``.
+
+    The model is merged into what DEST holds (same-named files replaced), and only once all
+    of it arrived intact; on any error DEST is as it was (and not created if it was missing).
+    """
+    fetch = _source(src, dest, sha256)
+    created = _make_dirs(dest)
+    try:
+        with _scratch(dest) as work:
+            tree = work / "model"
+            tree.mkdir()
+            fetch(work, tree, limits)
+            _merge(tree, dest)
+    except BaseException:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     return dest
+
+
+# -- command line -----------------------------------------------------------------------
+
+def byte_size(text: str) -> int:
+    """``1073741824``, ``512Mi``, ``20Gi``, ``1T``: bytes, with Kubernetes quantity suffixes."""
+    found = _SIZE.fullmatch(text.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or with Ki, Mi, Gi, Ti, k, M, G, T)")
+    return int(found.group(1)) * _UNITS[found.group(2)]
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a ratio (a number >= 0; 0 for none)")
+    return value
+
+
+def _sha256(text: str) -> str:
+    if not SHA256.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a SHA-256 digest (64 hex digits)")
+    return text.lower()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("storage-initializer", help="fetch a model into a folder (what the operator's init container runs)",
-                       description=__doc__.split("\n\n")[1])
-    p.add_argument("src", help="http(s):// file or archive, file:// URI, or local path")
-    p.add_argument("dest", type=Path, help="folder to fill, e.g. /mnt/models")
+                       description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "))
+    p.add_argument("src", help="http(s):// file or archive, file:// URI, or local path; an http(s):// or file:// "
+                   "URL may end in #sha256=HEX (as pip reads it)")
+    p.add_argument("dest", type=Path, help="folder to fill, e.g. /mnt/models (created if missing; what it holds "
+                   "is kept, same-named files are replaced)")
+    p.add_argument("--sha256", type=_sha256, default=None, metavar="HEX",
+                   help="the SHA-256 the file or archive fetched must have")
+    p.add_argument("--max-unpacked-bytes", type=byte_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
+                   help="most an archive may unpack to, e.g. 20Gi; 0 for no limit [default 1Ti]")
+    p.add_argument("--max-ratio", type=_ratio, default=DEFAULT_MAX_RATIO, metavar="R",
+                   help=f"most an archive may unpack to, as a multiple of its own size (archives may always "
+                   f"unpack to {RATIO_FLOOR >> 20} MiB); 0 for no limit [default {DEFAULT_MAX_RATIO:g}]")
 
 
-def main(src: str, dest: Path) -> int:
+def main(ns: argparse.Namespace) -> int:
+    src, dest = ns.src, ns.dest
     try:
-        initialize(src, dest)
+        initialize(src, dest, Limits(ns.max_unpacked_bytes, ns.max_ratio), ns.sha256)
     except (StorageError, OSError) as exc:
-        print(f"ovserve storage-initializer: error: {exc}", file=sys.stderr)
+        one_line = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"ovserve storage-initializer: error: {one_line}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("ovserve storage-initializer: interrupted; DEST left as it was", file=sys.stderr)
+        return 130
     count = sum(1 for p in dest.rglob("*") if p.is_file())
     print(f"ovserve storage-initializer: {src} -> {dest} ({count} files)")
     return 0
