@@ -69,7 +69,7 @@ class Server:
         sock = bind_socket(s.host, s.rest_port)
         self.rest_port = sock.getsockname()[1]
         self.grpc_port = self.grpc.bind(s.host, s.grpc_port)
-        self._rest = RestServer(create_app(self.dataplane, s.max_request_bytes), s.grace_period)
+        self._rest = RestServer(create_app(self.dataplane, s.max_request_bytes), s.grace_period, s.max_header_bytes)
         await self.grpc.start()
         await self._rest.start_on(sock)
         self.dataplane.live = True

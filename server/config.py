@@ -11,6 +11,12 @@ from pathlib import Path
 from typing import Any
 
 
+#: Default cap on a REST request's head (request line and header fields), in bytes, for the
+#: server, the transformer and the explainer alike: above the 60 KiB Envoy (Istio, Knative)
+#: lets through by default and nginx's 4 x 8 KiB, so nothing that reaches ovserve through them
+#: is refused (uvicorn's h11 protocol stops at 16 KiB; its httptools one has no limit).
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+
 #: gRPC server engines (``--grpc-engine``) and the package each one needs.
 GRPC_ENGINES = {"grpcio": "grpcio", "native": "pygrpc-native"}
 
@@ -41,6 +47,8 @@ class Settings:
     max_request_bytes: int = 1 << 30
     #: Largest image (width x height pixels) decoded from BYTES inputs; guards against decompression bombs.
     max_image_pixels: int = 64 * 1024 * 1024
+    #: Largest request head (request line and header fields) the REST port reads; past it, 431.
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     #: Seconds between checks of the config file and version folders (0 = never).
     poll_interval: float = 1.0
     #: Seconds in-flight requests get to finish after SIGTERM.

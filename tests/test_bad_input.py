@@ -15,9 +15,10 @@ import json
 import re
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import numpy as np
@@ -30,7 +31,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from . import models
-from .conftest import EXACT, ServerProcess
+from .conftest import EXACT, ComponentProcess, ServerProcess
 
 TIMEOUT = 10  # seconds, for every single request
 
@@ -481,6 +482,121 @@ def test_a_client_hanging_up_mid_upload_is_one_info_line(server, stub, path: str
     assert len([line for line in logged if "client went away" in line]) == 1, logged
     assert not [line for line in logged if " ERROR " in line or " WARNING " in line], logged
 
+
+# -- REST: the request head is capped (--max-header-bytes) ------------------------
+def peak_rss_since_reset(pid: int) -> Callable[[], int]:
+    """Reset the process's peak RSS (VmHWM); the returned function reads its growth since, in bytes."""
+    status = Path(f"/proc/{pid}/status")
+
+    def field(name: str) -> int:
+        line = next(l for l in status.read_text().splitlines() if l.startswith(name + ":"))
+        return int(line.split()[1]) * 1024
+
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # Linux: VmHWM := current RSS
+    start = field("VmRSS")
+    return lambda: field("VmHWM") - start
+
+
+def send_head(port: int, head: bytes, pieces: int = 1) -> bytes:
+    """Send a request head (in ``pieces``, as it may be) and return the answer's first bytes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+        step = -(-len(head) // pieces)
+        try:
+            for i in range(0, len(head), step):
+                sock.sendall(head[i:i + step])
+        except OSError:  # the server stopped reading and closed: what it answered is still readable
+            pass
+        return sock.recv(4096)
+
+
+def test_a_32_mib_header_is_refused_at_once_with_little_memory(server, stub) -> None:
+    """httptools has no limit of its own: the head of a request was read to the end and answered 200."""
+    mark = len(server.lines)
+    growth = peak_rss_since_reset(server.proc.pid)
+    served: list[int] = []
+    stop = threading.Event()
+
+    def others() -> None:  # a normal client, served all along
+        while not stop.is_set():
+            rest_infer_ok(server.url)
+            served.append(1)
+
+    helper = threading.Thread(target=others)
+    helper.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.rest_port), timeout=TIMEOUT) as sock:
+            sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\nX-Big: ")
+            sent, chunk = 0, b"a" * (1 << 20)
+            try:
+                while sent < 32 << 20:
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+            except OSError:  # refused and closed long before the end
+                pass
+            answer = sock.recv(4096)
+        assert sent < 32 << 20, "the server read a 32 MiB header to its end"
+        while len(served) < 3:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        helper.join()
+    assert answer.startswith(b"HTTP/1.1 431 "), answer
+    assert b"65536 bytes" in answer and b"--max-header-bytes" in answer, answer
+    assert growth() < 16 << 20, f"peak RSS grew {growth() / 2**20:.1f} MiB"
+    assert_still_serving(server, stub, mark)
+
+
+def test_the_header_cap_is_a_flag_and_counts_only_the_head(start_server, demo_repo) -> None:
+    srv = start_server("--model-repository", demo_repo, "--poll-interval", "0", "--max-header-bytes", "4096", *EXACT)
+    url = srv.url
+    assert requests.get(url + "/v2/health/ready", headers={"X-Pad": "a" * 3000}, timeout=TIMEOUT).status_code == 200
+    resp = requests.get(url + "/v2/health/ready", headers={"X-Pad": "a" * 5000}, timeout=TIMEOUT)
+    assert_rest_error(resp, 431, ("4096 bytes", "--max-header-bytes"))
+    # a head trickling in, many headers of 100 bytes: the bytes add up across reads
+    head = b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n" + b"".join(
+        f"X-{i}: {'b' * 90}\r\n".encode() for i in range(60)) + b"\r\n"
+    assert send_head(srv.rest_port, head, pieces=60).startswith(b"HTTP/1.1 431 ")
+    # so does a long URL
+    assert send_head(srv.rest_port, b"GET /v2/" + b"x" * 5000 + b" HTTP/1.1\r\nHost: t\r\n\r\n").startswith(
+        b"HTTP/1.1 431 ")
+    # a body is no head: a body larger than the cap, then another request on the same connection
+    with requests.Session() as session:
+        for _ in range(2):
+            body = json.dumps({"inputs": [GOOD]}).encode() + b" " * 20000
+            assert session.post(url + INFER, data=body, timeout=TIMEOUT).status_code == 200
+            assert session.get(url + "/v2/health/ready", headers={"X-Pad": "a" * 3000},
+                               timeout=TIMEOUT).status_code == 200
+    # two requests in one write, the first with a body larger than the cap
+    body = json.dumps({"inputs": [GOOD]}).encode() + b" " * 20000
+    with socket.create_connection(("127.0.0.1", srv.rest_port), timeout=TIMEOUT) as sock:
+        sock.sendall(f"POST {INFER} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+                     + b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"a" * 3000 + b"\r\n\r\n")
+        answers = b""
+        while answers.count(b"HTTP/1.1 200 OK") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, answers
+            answers += chunk
+    rest_infer_ok(url)
+
+
+@pytest.mark.parametrize("command", [
+    ["explainer", "--model_name", "m", "--predictor_host", "127.0.0.1:1", "--http_port", "0", "--host", "127.0.0.1"],
+    ["transformer", "--model_name", "m", "--predictor_host", "127.0.0.1:1", "--http_port", "0", "--host", "127.0.0.1"],
+], ids=["explainer", "transformer"])
+@pytest.mark.parametrize("flag", [None, "4096"], ids=["default", "flag"])
+def test_the_transformer_and_explainer_cap_the_head_too(command: list[str], flag: str | None) -> None:
+    """They serve REST through the same runner, with the same flag (KServe's underscore spelling)."""
+    proc = ComponentProcess(command + (["--max_header_bytes", flag] if flag else []), grpc=False).wait_ports()
+    try:
+        limit = int(flag or 65536)
+        # (live or not, with no predictor: either answer read the head)
+        below = requests.get(proc.url + "/v2/health/live", headers={"X-Pad": "a" * (limit - 1000)}, timeout=TIMEOUT)
+        assert below.status_code in (200, 400) and "live" in below.json(), below.text
+        big = send_head(proc.rest_port, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nX-Pad: "
+                        + b"a" * (limit + 1000) + b"\r\n\r\n")
+        assert big.startswith(b"HTTP/1.1 431 ") and f"{limit} bytes".encode() in big, big
+    finally:
+        assert proc.stop() == 0
 
 # -- gRPC: ModelInfer ----------------------------------------------------------
 X4_RAW = np.asarray(FOUR, np.float32).tobytes()

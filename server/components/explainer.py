@@ -35,6 +35,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import numpy as np
 
 from .. import ports
+from ..config import DEFAULT_MAX_HEADER_BYTES
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
 from ..types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 from . import saliency
@@ -514,6 +515,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     arg("max_concurrent_calls", type=int, default=2, metavar="N",
         help="predictor calls in flight per explanation (default 2)")
     arg("max_request_bytes", type=int, default=1 << 30, metavar="N", help="largest request body (default 1 GiB)")
+    arg("max_header_bytes", type=int, default=DEFAULT_MAX_HEADER_BYTES, metavar="N",
+        help=f"largest request head (request line and header fields); 431 past it (default {DEFAULT_MAX_HEADER_BYTES})")
     arg("grace_period", type=float, default=25.0, metavar="S", help="seconds in-flight requests get on SIGTERM")
     arg("log_level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -560,7 +563,7 @@ async def serve(ns: argparse.Namespace) -> int:
         return 2
     explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
                           concurrency=ns.max_concurrent_calls)
-    server = RestServer(create_app(explainer, ns.max_request_bytes), ns.grace_period)
+    server = RestServer(create_app(explainer, ns.max_request_bytes), ns.grace_period, ns.max_header_bytes)
     try:
         await server.start_on(sock, name="explainer-rest")
     except Exception as exc:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import ports
 from ..codecs import bytes_tensor
-from ..config import GRPC_ENGINES
+from ..config import DEFAULT_MAX_HEADER_BYTES, GRPC_ENGINES
 from ..errors import InvalidInput
 from ..types import InferRequest, Tensor
 from .predictor import PROTOCOLS
@@ -73,6 +73,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
           help="gRPC server: grpcio (grpc.aio) or native (pygrpc-native; see `ovserve serve --help`)")
     _flag(p, "--host", default="0.0.0.0", help="address to listen on")
     _flag(p, "--max_request_bytes", type=int, default=256 << 20, help="largest request accepted")
+    _flag(p, "--max_header_bytes", type=int, default=DEFAULT_MAX_HEADER_BYTES,
+          help=f"largest REST request head (request line and header fields); 431 past it "
+               f"(default {DEFAULT_MAX_HEADER_BYTES})")
     _flag(p, "--grace_period", type=float, default=10.0, help="seconds in-flight requests get on SIGTERM")
     _flag(p, "--log_level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -234,7 +237,7 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
         log.error("cannot start: %s", exc.message)
         await client.aclose()
         return 1
-    rest = RestServer(app, ns.grace_period)
+    rest = RestServer(app, ns.grace_period, ns.max_header_bytes)
     if grpc_server is not None:
         await grpc_server.start()
     try:
