@@ -56,7 +56,7 @@ def make_source(settings: Settings) -> Source:
 class Server:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        images.configure(settings.max_image_pixels)
+        images.configure(settings.max_image_pixels, settings.max_images)
         self.manager = ModelManager(make_source(settings), poll_interval=settings.poll_interval)
         self.dataplane = DataPlane(self.manager)
         self.grpc = GrpcServer(self.dataplane, settings.max_request_bytes, engine=settings.grpc_engine)

@@ -90,6 +90,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
          choices=list(GRPC_ENGINES))
     _add(net, "--max-request-bytes", int, d.max_request_bytes, "largest request accepted, REST and gRPC")
     _add(net, "--max-image-pixels", int, d.max_image_pixels, "largest encoded image decoded (width x height)")
+    _add(net, "--max-images", int, d.max_images, "most encoded images one request may carry (413 past it)")
     _add(net, "--max-header-bytes", int, d.max_header_bytes,
          "largest REST request head (request line and header fields); 431 past it")
     ops = serve.add_argument_group("operation")

@@ -47,6 +47,8 @@ class Settings:
     max_request_bytes: int = 1 << 30
     #: Largest image (width x height pixels) decoded from BYTES inputs; guards against decompression bombs.
     max_image_pixels: int = 64 * 1024 * 1024
+    #: Most encoded images one request may carry (each is decoded to a full H x W x C array).
+    max_images: int = 1024
     #: Largest request head (request line and header fields) the REST port reads; past it, 431.
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     #: Seconds between checks of the config file and version folders (0 = never).

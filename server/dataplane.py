@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .codecs.datatypes import V2_TO_NUMPY
 from .codecs.tensors import encoding_parameters
-from .codecs.images import decode_images
+from .codecs.images import check_count, decode_images
 from .errors import InvalidInput, Unavailable
 from .repository.manager import ModelManager
 from .repository.states import State
@@ -139,6 +139,8 @@ def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict, lis
                     f"input {tensor.name!r}: encoded images are sent with shape [N] (the number of images), "
                     f"got {list(tensor.shape)}"
                 )
+            # Before any image is decoded: the count against the model's batch dimension and --max-images.
+            check_count(f"input {tensor.name!r}", tensor.shape[0], port.dims)
             feed[tensor.name] = None
             images.append((tensor, port))
             continue

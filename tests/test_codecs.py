@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -132,3 +133,44 @@ def test_a_shape_of_more_than_32_dimensions_is_refused(rank: int) -> None:
     with pytest.raises(InvalidInput, match=f"{rank} dimensions; at most 32"):
         check_shape([1] * rank, "input 'x'")
     assert check_shape([1] * 32, "input 'x'") == (1,) * 32
+
+
+class CountingPool(ThreadPoolExecutor):
+    """A real thread pool that counts the tasks it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=4)
+        self.submitted = 0
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_batch_of_bad_images_stops_at_the_first_with_few_tasks_in_flight() -> None:
+    """pool.map once queued a task per image and decoded them all before the first failure counted."""
+    from ovserve.server.codecs import images
+    from ovserve.server.types import Dim
+
+    in_flight = images.IN_FLIGHT
+    dims = [Dim(0, -1), Dim(8, 8), Dim(8, 8), Dim(3, 3)]
+    uint8 = np.dtype(np.uint8)
+    with CountingPool() as pool:
+        with pytest.raises(InvalidInput, match="image 0 cannot be decoded"):
+            images.decode_images("input 'x'", [b"not an image"] * 1000, dims, "NHWC", uint8, pool)
+        assert pool.submitted <= in_flight
+    good = cv2_png(8, 8)
+    with CountingPool() as pool:  # the first bad one is named, whichever finishes first
+        with pytest.raises(InvalidInput, match="image 37 cannot be decoded"):
+            images.decode_images("input 'x'", [good] * 37 + [b"bad"] * 900, dims, "NHWC", uint8, pool)
+        assert pool.submitted <= 37 + in_flight
+    with CountingPool() as pool:
+        batch = images.decode_images("input 'x'", [good] * 100, dims, "NHWC", uint8, pool)
+    assert batch.shape == (100, 8, 8, 3) and pool.submitted == 100
+
+
+def cv2_png(h: int, w: int) -> bytes:
+    cv2 = pytest.importorskip("cv2")
+    ok, buf = cv2.imencode(".png", np.full((h, w, 3), 7, np.uint8))
+    assert ok
+    return buf.tobytes()

@@ -491,6 +491,86 @@ def test_one_image_fits_the_batch_of_one(image_server: ServerProcess) -> None:
         np.testing.assert_allclose(got, [[200, 40, 90]], atol=JPEG_TOLERANCE)
 
 
+# -- a batch of many bad images costs what it declares, not what it would decode ------
+MANY = 200_000  # BYTES [200000] of b"a": 976 KiB framed, and once 4-7 s and +434 MiB to refuse
+
+
+def _rest_json(srv: ServerProcess, model: str, images: list[bytes], outputs: list[str]) -> dict[str, np.ndarray]:
+    """The images as JSON strings (a large body: the simdjson path)."""
+    doc = {"inputs": [{"name": IMAGE, "datatype": "BYTES", "shape": [len(images)],
+                       "data": [i.decode("latin-1") for i in images]}]}
+    resp = requests.post(f"{srv.url}/v2/models/{model}/infer", json=doc, timeout=TIMEOUT)
+    _raise_rest(resp)
+    return rest_outputs(resp)
+
+
+MANY_SENDERS = {"rest_raw": _rest_raw, "rest_json": _rest_json, "triton_grpc": _triton_grpc,
+                "grpc_bytes_contents": _grpc_bytes_contents}
+
+
+def peak_rss_growth(pid: int) -> Callable[[], int]:
+    """Reset the server's peak RSS (Linux VmHWM); the returned function reads its growth since, in bytes."""
+    status = f"/proc/{pid}/status"
+
+    def field(name: str) -> int:
+        with open(status) as f:
+            return int(next(line for line in f if line.startswith(name + ":")).split()[1]) * 1024
+
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+    start = field("VmRSS")
+    return lambda: field("VmHWM") - start
+
+
+def _refuse_many(srv: ServerProcess, model: str, sender: str) -> Failure:
+    growth = peak_rss_growth(srv.proc.pid)
+    with pytest.raises(Failure) as err:
+        MANY_SENDERS[sender](srv, model, [b"a"] * MANY, ["mean"])
+    assert growth() < 64 << 20, f"{sender}: peak RSS grew {growth() / 2**20:.0f} MiB"
+    return err.value
+
+
+@pytest.mark.parametrize("sender", MANY_SENDERS)
+def test_more_images_than_the_limit_are_refused_before_any_is_decoded(image_server: ServerProcess,
+                                                                       sender: str) -> None:
+    """A dynamic batch dimension bounds nothing: --max-images (default 1024) does."""
+    failure = _refuse_many(image_server, "nhwc", sender)
+    expected = "RESOURCE_EXHAUSTED" if sender in GRPC_SENDERS else "413"
+    assert failure.status == expected, failure
+    for needle in (f"input '{IMAGE}'", f"{MANY} images", "limit of 1024", "--max-images"):
+        assert needle in failure.message, (needle, failure.message)
+    assert_still_serving(image_server)
+
+
+@pytest.mark.parametrize("sender", MANY_SENDERS)
+def test_more_images_than_the_batch_dimension_are_refused_before_any_is_decoded(image_server: ServerProcess,
+                                                                                 sender: str) -> None:
+    failure = _refuse_many(image_server, "batch1", sender)
+    assert_refused(failure, sender, (f"input '{IMAGE}'", f"{MANY} images", "batch dimension 1"))
+    assert_still_serving(image_server)
+
+
+@pytest.fixture(scope="module")
+def unlimited_image_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The nhwc model with --max-images past MANY: the images reach the decoder."""
+    root = tmp_path_factory.mktemp("unlimited")
+    models.save(MODELS["nhwc"][0](), root, "nhwc")
+    proc = ServerProcess(["--model-repository", str(root), "--poll-interval", "0", "--max-images", str(10 * MANY),
+                          "--max-image-pixels", str(MAX_PIXELS), *EXACT])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("sender", MANY_SENDERS)
+def test_a_batch_of_bad_images_stops_at_the_first(unlimited_image_server: ServerProcess, sender: str) -> None:
+    """Every image was once queued to the decoders (a future each) and all decoded before the answer."""
+    failure = _refuse_many(unlimited_image_server, "nhwc", sender)
+    assert_refused(failure, sender, (f"input '{IMAGE}'", "image 0 ", "cannot be decoded"))
+    assert_still_serving(unlimited_image_server)
+
+
 # -- the real classifier, end to end ------------------------------------------------
 
 

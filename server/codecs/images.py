@@ -9,25 +9,52 @@ model wants (NHWC as decoded, NCHW transposed).
 
 The pixel limit against decompression bombs is OpenCV's own
 ``OPENCV_IO_MAX_IMAGE_PIXELS``, which ``configure`` sets before cv2 is imported.
+
+A batch costs what it declares before anything is decoded: its count is checked
+against the model's batch dimension and against ``--max-images`` (each image
+becomes a full H x W x C array), a few images decode at a time (never one task
+per image up front), and the first bad image ends the batch.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from concurrent.futures import Executor
-from typing import Any, Sequence
+from collections import deque
+from concurrent.futures import Executor, Future
+from typing import Any, Callable, Generator, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, PayloadTooLarge
 
 #: Default pixel limit of one decoded image (width x height).
 DEFAULT_MAX_PIXELS = 64 * 1024 * 1024
+#: Default limit on the images of one request (``--max-images``).
+DEFAULT_MAX_IMAGES = 1024
+#: Images of one batch being decoded at once, at most: enough to keep every
+#: decoder thread busy, few enough that a batch of bad images stops early.
+IN_FLIGHT = 2 * (os.cpu_count() or 2)
 _cv2: Any = None
+_max_images = DEFAULT_MAX_IMAGES
 
 
-def configure(max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
-    """Set the pixel limit; must run before the first decode in the process."""
+def configure(max_pixels: int = DEFAULT_MAX_PIXELS, max_images: int = DEFAULT_MAX_IMAGES) -> None:
+    """Set the pixel limit (before the first decode in the process) and the images one request may carry."""
+    global _max_images
     os.environ["OPENCV_IO_MAX_IMAGE_PIXELS"] = str(int(max_pixels))
+    _max_images = int(max_images)
+
+
+def check_count(where: str, count: int, dims: Sequence[Any]) -> None:
+    """Before anything is decoded: ``count`` images fit the model's batch dimension and the limit."""
+    n_dim = dims[0]  # N leads in both NHWC and NCHW
+    if not n_dim.accepts(count):
+        # Too many: name the first image beyond the batch, as every other bad image is named.
+        first_extra = f" (image {n_dim.hi} is the first beyond it)" if 0 <= n_dim.hi < count else ""
+        raise InvalidInput(f"{where}: {count} images do not fit the model's batch dimension {n_dim}{first_extra}")
+    if count > _max_images:
+        raise PayloadTooLarge(f"{where}: {count} images exceed the limit of {_max_images} in one request "
+                              f"(--max-images)")
 
 
 def cv2() -> Any:
@@ -86,14 +113,16 @@ def decode_images(
     layout: str,
     dtype: np.dtype,
     pool: Executor | None = None,
+    in_flight: int = IN_FLIGHT,
 ) -> np.ndarray:
-    """Decode a batch of images into an array shaped for a 4-D model input."""
+    """Decode a batch of images into an array shaped for a 4-D model input.
+
+    With a ``pool``, up to ``in_flight`` images decode at once; the first bad
+    one (the lowest index) ends the batch and what is still queued is cancelled.
+    """
     layout = image_layout(layout, dims, where)
-    n_dim, h_dim, w_dim, c_dim = (dims[0], dims[1], dims[2], dims[3]) if layout == "NHWC" else (dims[0], dims[2], dims[3], dims[1])
-    if not n_dim.accepts(len(elements)):
-        # Too many: name the first image beyond the batch, as every other bad image is named.
-        first_extra = f" (image {n_dim.hi} is the first beyond it)" if 0 <= n_dim.hi < len(elements) else ""
-        raise InvalidInput(f"{where}: {len(elements)} images do not fit the model's batch dimension {n_dim}{first_extra}")
+    h_dim, w_dim, c_dim = (dims[1], dims[2], dims[3]) if layout == "NHWC" else (dims[2], dims[3], dims[1])
+    check_count(where, len(elements), dims)
     channels = c_dim.lo if c_dim.static else 3
     if channels not in (1, 3):
         raise InvalidInput(f"{where}: the model expects {channels} channels; images have 1 or 3")
@@ -108,15 +137,36 @@ def decode_images(
             img = cv2().resize(img, (tw, th), interpolation=cv2().INTER_LINEAR)
         return img.reshape(th, tw, channels)
 
-    items = list(enumerate(elements))
-    images = list(pool.map(work, items)) if pool is not None and len(items) > 1 else [work(it) for it in items]
-    sizes = {img.shape[:2] for img in images}
-    if len(sizes) > 1:
-        raise InvalidInput(
-            f"{where}: the model has dynamic height/width, so all images of a batch must share a size; got "
-            + ", ".join(f"image {i}: {img.shape[1]}x{img.shape[0]}" for i, img in enumerate(images))
-        )
+    images: list[np.ndarray] = []
+    with contextlib.closing(_in_order(work, elements, pool, in_flight)) as decoded:
+        for img in decoded:
+            images.append(img)
+            if img.shape[:2] != images[0].shape[:2]:  # only where H and W are dynamic (else all were resized)
+                raise InvalidInput(
+                    f"{where}: the model has dynamic height/width, so all images of a batch must share a size; got "
+                    + ", ".join(f"image {i}: {im.shape[1]}x{im.shape[0]}" for i, im in enumerate(images))
+                )
     batch = np.stack(images)
     if layout == "NCHW":
         batch = batch.transpose(0, 3, 1, 2)
     return np.ascontiguousarray(batch, dtype=dtype)
+
+
+def _in_order(work: Callable[[tuple[int, bytes]], np.ndarray], elements: Sequence[bytes],
+              pool: Executor | None, in_flight: int) -> Generator[np.ndarray, None, None]:
+    """``work`` of each (index, element), in order; at most ``in_flight`` submitted to ``pool`` and not yet taken."""
+    if pool is None or len(elements) < 2:
+        for item in enumerate(elements):
+            yield work(item)
+        return
+    pending: deque[Future] = deque()
+    try:
+        for item in enumerate(elements):
+            pending.append(pool.submit(work, item))
+            if len(pending) >= in_flight:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:  # after a failure (or a caller that stopped): drop what has not started
+            future.cancel()
