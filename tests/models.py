@@ -84,6 +84,16 @@ def two_in_two_out(width: int = 4) -> ov.Model:
     return ov.Model([_named(ops.add(a, b), "sum"), _named(ops.multiply(a, b), "prod")], [a, b], "two")
 
 
+def broadcast_by_value() -> ov.Model:
+    """y = ones of the shape ``k`` gives (INT64 [2]): k = [2,3] gives a [2,3] of ones.
+
+    A model whose inference fails inside OpenVINO for a reason other than shapes: a
+    k of [2**30, 2**30] asks for 2**62 bytes, which no machine can allocate.
+    """
+    k = ops.parameter(ov.PartialShape([2]), ov.Type.i64, name="k")
+    return ov.Model([_named(ops.broadcast(ops.constant(np.float32(1)), k), "y")], [k], "by_value_shape")
+
+
 def reshape_by_value() -> ov.Model:
     """y = x (FP32 [-1,4]) reshaped to [-1, min(k)] (k: INT64 [-1,1]).
 

@@ -381,3 +381,54 @@ def test_a_model_with_an_inference_running_past_its_stall_limit_is_stalled(
     assert during, "a 2048x2048x2048 MatMul finished within 50 ms: use a larger one"
     assert not after
     assert any("has been running for" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["asynchronous", "inline"])
+def test_after_an_internal_failure_the_model_is_compiled_afresh_so_the_next_clients_are_served(
+        tmp_path: Path, inline_below: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """After an allocation failed inside it, the CPU plugin fails every later inference of the shapes it
+    last ran, on every infer request of that stream: one client's failure would become every later
+    client's. Requests sent meanwhile wait for the fresh compiled model instead of failing."""
+    from ovserve.server.errors import InternalError
+
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(rt, "INLINE_WHOLE_MACHINE_BELOW_S", inline_below)
+    monkeypatch.setattr(rt, "RECOMPILE_EVERY_S", 0.0)
+    monkeypatch.setattr(rt, "RECOMPILE_EVERY_COMPILES", 0.0)
+    model = _load(tmp_path, models.broadcast_by_value(), nireq=2)
+    model.cost = 1e-6
+    good, huge = np.array([2, 3], np.int64), np.array([1 << 20, 1 << 20], np.int64)
+
+    async def main() -> None:
+        for _ in range(3):
+            out = await asyncio.wait_for(model.infer({"k": good}), 10)
+            np.testing.assert_array_equal(out["y"], np.ones((2, 3), np.float32))
+            with pytest.raises(InternalError, match="Failed to allocate 4398046511104 bytes"):
+                await asyncio.wait_for(model.infer({"k": huge}), 10)
+            # sent at once after the failure: they wait for the fresh compiled model
+            outs = await asyncio.wait_for(asyncio.gather(*(model.infer({"k": good}) for _ in range(4))), 10)
+            for out in outs:
+                np.testing.assert_array_equal(out["y"], np.ones((2, 3), np.float32))
+
+    with caplog.at_level("WARNING", logger=rt.log.name):
+        asyncio.run(main())
+    assert len(model._idle) == 2 and model._recompiling is None
+    assert len([r for r in caplog.records if "compiling the model afresh" in r.getMessage()]) == 3
+
+
+def test_an_internal_failure_recompiles_at_most_once_per_interval(tmp_path: Path) -> None:
+    """A client that keeps failing the model cannot keep it compiling (and its clients waiting)."""
+    model = _load(tmp_path, models.broadcast_by_value(), nireq=1)
+    huge = np.array([1 << 20, 1 << 20], np.int64)
+
+    async def main() -> int:
+        generations = []
+        for _ in range(4):
+            with pytest.raises(Exception, match="Failed to allocate"):
+                await model.infer({"k": huge})
+            while model._recompiling is not None:
+                await asyncio.sleep(0.01)
+            generations.append(model._generation)
+        return generations
+
+    assert asyncio.run(main()) == [1, 1, 1, 1]

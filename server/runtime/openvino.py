@@ -187,12 +187,22 @@ CHECK_MAX_S = 0.5
 #: reports not ready until the inference ends.
 STALL_MIN_S = 30.0
 STALL_COSTS = 100.0
+#: An inference that fails inside OpenVINO for another reason than its inputs'
+#: shapes may leave the compiled model unable to run the next ones: after a
+#: failed allocation, the CPU plugin fails every later inference of the shapes
+#: it last ran, on every infer request of that stream, until other shapes come
+#: (a client's too-large batch would fail every batch-1 client after it). So
+#: the model is compiled afresh and its infer requests moved to the new one,
+#: with new requests waiting meanwhile; at most once per RECOMPILE_EVERY_S, or
+#: per RECOMPILE_EVERY_COMPILES times its compile time when that is longer.
+RECOMPILE_EVERY_S = 10.0
+RECOMPILE_EVERY_COMPILES = 10.0
 
 
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("request", "future", "started", "keep", "check_at", "stall_logged", "log_failure")
+    __slots__ = ("request", "future", "started", "keep", "check_at", "stall_logged", "log_failure", "generation")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
@@ -208,6 +218,8 @@ class _Slot:
         #: whether a failure of the running inference is logged (a batch that fails is
         #: run again member by member, and only those runs speak)
         self.log_failure = True
+        #: the compilation ``request`` belongs to (see OpenVINOModel._recompile)
+        self.generation = 0
 
 
 class _Completions:
@@ -268,6 +280,12 @@ class OpenVINOModel:
         self._completions: _Completions | None = None
         #: the next look at running inferences for failures (see CHECK_AFTER_COSTS)
         self._watch: asyncio.TimerHandle | None = None
+        #: compiling afresh after an internal failure (see RECOMPILE_EVERY_S): idle
+        #: infer requests are held back meanwhile, and requests wait
+        self._recompiling: asyncio.Task | None = None
+        self._recompiled_at = float("-inf")
+        self._generation = 0
+        self.compile_seconds = 0.0
         #: running estimate of one inference's duration (seconds); None until measured
         self.cost: float | None = None
         #: inferences whose running cost is below this run inline on the loop
@@ -277,6 +295,30 @@ class OpenVINOModel:
 
     # -- loading (blocking; the repository runs it in a worker thread) -----
     def load(self) -> None:
+        compiled, budget = self._compile()
+        opts = self.options
+        self.inputs = [self._port(p, i, "input") for i, p in enumerate(compiled.inputs)]
+        self.outputs = [self._port(p, i, "output") for i, p in enumerate(compiled.outputs)]
+        optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self.nireq = opts.nireq if opts.nireq > 0 else max(optimal, 1)
+        self._compiled = compiled
+        self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
+        self._idle = deque(self._slots)
+        # A batcher overlaps gathering the next batch with the running one: keep
+        # that (inline batches measured no faster).
+        whole_machine = opts.max_batch_size <= 1 and _one_stream_on_every_cpu(compiled, budget.usable)
+        self.inline_below = INLINE_WHOLE_MACHINE_BELOW_S if whole_machine else INLINE_BELOW_S
+        if opts.max_batch_size > 1:
+            from .batching import DynamicBatcher, batchable  # noqa: PLC0415 - only for models that batch
+
+            why_not = batchable(self, opts.max_batch_size)
+            if why_not:
+                raise FailedPrecondition(f"max_batch_size {opts.max_batch_size}: {why_not}")
+            self.batcher = DynamicBatcher(self, opts.max_batch_size, opts.max_queue_delay_us)
+
+    def _compile(self) -> tuple[ov.CompiledModel, cpus.CpuBudget]:
+        """Read, reshape and compile the model file (blocking): the compiled model and the CPU budget."""
+        started = time.perf_counter()
         opts = self.options
         try:
             model = core().read_model(str(self.path))
@@ -297,24 +339,8 @@ class OpenVINOModel:
             compiled = core().compile_model(model, opts.device, config)
         except Exception as exc:
             raise FailedPrecondition(f"cannot compile for {opts.device}: {_first_line(exc)}") from None
-        self.inputs = [self._port(p, i, "input") for i, p in enumerate(compiled.inputs)]
-        self.outputs = [self._port(p, i, "output") for i, p in enumerate(compiled.outputs)]
-        optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self.nireq = opts.nireq if opts.nireq > 0 else max(optimal, 1)
-        self._compiled = compiled
-        self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
-        self._idle = deque(self._slots)
-        # A batcher overlaps gathering the next batch with the running one: keep
-        # that (inline batches measured no faster).
-        whole_machine = opts.max_batch_size <= 1 and _one_stream_on_every_cpu(compiled, budget.usable)
-        self.inline_below = INLINE_WHOLE_MACHINE_BELOW_S if whole_machine else INLINE_BELOW_S
-        if opts.max_batch_size > 1:
-            from .batching import DynamicBatcher, batchable  # noqa: PLC0415 - only for models that batch
-
-            why_not = batchable(self, opts.max_batch_size)
-            if why_not:
-                raise FailedPrecondition(f"max_batch_size {opts.max_batch_size}: {why_not}")
-            self.batcher = DynamicBatcher(self, opts.max_batch_size, opts.max_queue_delay_us)
+        self.compile_seconds = time.perf_counter() - started
+        return compiled, budget
 
     def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""
@@ -343,6 +369,9 @@ class OpenVINOModel:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+        if self._recompiling is not None:
+            self._recompiling.cancel()
+            self._recompiling = None
         self._slots = []
         self._idle.clear()
         self._compiled = None
@@ -361,7 +390,7 @@ class OpenVINOModel:
 
     async def acquire(self) -> _Slot:
         """An idle infer request (waits for one); give it to :meth:`run_on` or :meth:`release`."""
-        return self._idle.popleft() if self._idle else await self._wait_idle()
+        return self._idle.popleft() if self._idle and self._recompiling is None else await self._wait_idle()
 
     async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray], log_failure: bool = True) -> dict[str, np.ndarray]:
         """Run ``inputs`` on an acquired infer request; the request goes back to the pool."""
@@ -490,14 +519,66 @@ class OpenVINOModel:
             self._watch = loop.call_at(soonest, self._sweep)
 
     def _failed(self, slot: _Slot, exc: BaseException) -> ServerError:
-        """The client's error for an inference OpenVINO failed on ``slot`` (logged once, here)."""
+        """The client's error for an inference OpenVINO failed on ``slot`` (logged once, here).
+
+        The failed ``ov.InferRequest`` is replaced by a fresh one: the CPU plugin can keep a
+        failure's state and fail every later inference of the same input shapes on that
+        request (seen with an allocation that failed), which would hand one client's
+        failure to the next clients.
+        """
         keep = slot.keep or []
         err = inference_error(exc, [(p.name, tuple(a.shape)) for p, a in zip(self.inputs, keep)])
         slot.keep = None
+        if self._compiled is not None:
+            self._renew(slot)
         if slot.log_failure:
             log.log(logging.WARNING if isinstance(err, InvalidInput) else logging.ERROR, "%s: %s", self.path, err.message)
             err.logged = True
+        if not isinstance(err, InvalidInput):
+            self._recompile_soon()
         return err
+
+    def _recompile_soon(self) -> None:
+        """After an internal failure: compile the model afresh, unless that was done lately."""
+        now = time.monotonic()
+        every = max(RECOMPILE_EVERY_S, RECOMPILE_EVERY_COMPILES * self.compile_seconds)
+        if self._recompiling is not None or self._compiled is None or now - self._recompiled_at < every:
+            return
+        self._recompiled_at = now
+        self._recompiling = asyncio.get_running_loop().create_task(self._recompile())
+
+    async def _recompile(self) -> None:
+        """Compile afresh and move every infer request to the new compiled model.
+
+        Requests wait meanwhile (``acquire`` hands out nothing); inferences already
+        running finish on the old compiled model and get a new infer request when
+        they come back (``release`` checks the generation).
+        """
+        log.warning("%s: compiling the model afresh after an internal inference failure", self.path)
+        try:
+            compiled, _ = await asyncio.get_running_loop().run_in_executor(None, self._compile)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("%s: cannot compile the model afresh (%s); serving on with it as it is", self.path, exc)
+            compiled = None
+        self._recompiling = None
+        if compiled is not None and self._compiled is not None:
+            self._compiled = compiled
+            self._generation += 1
+            for slot in self._slots:
+                if slot.future is None:  # not running: move it now
+                    self._renew(slot)
+        while self._idle and self._waiters:  # hand out what was held back
+            self.release(self._idle.popleft())
+
+    def _renew(self, slot: _Slot) -> None:
+        """Give ``slot`` a fresh infer request of the current compiled model."""
+        assert self._compiled is not None
+        slot.request = self._compiled.create_infer_request()
+        slot.generation = self._generation
+        if self._completions is not None:
+            slot.request.set_callback(self._completions.on_done, slot)
 
     def _stall_limit(self) -> float:
         return max(STALL_MIN_S, STALL_COSTS * (self.cost or 0.0))
@@ -539,6 +620,11 @@ class OpenVINOModel:
 
     def release(self, slot: _Slot) -> None:
         if slot not in self._slots:  # unloaded meanwhile
+            return
+        if slot.generation != self._generation:  # it ran on a compiled model since replaced
+            self._renew(slot)
+        if self._recompiling is not None:  # held back until the fresh compiled model is in
+            self._idle.append(slot)
             return
         while self._waiters:
             waiter = self._waiters.popleft()
