@@ -18,21 +18,38 @@ Kinds:
   tensor extension both ways.
 - ``raw-sync`` / ``raw-async``: no server at all, see :mod:`bench.raw`.
 
+With ``image`` (a JPEG or PNG file), ``grpc`` and ``rest-binary`` send that
+file instead of a tensor, as OVMS clients send pictures: a BYTES input of
+shape [1], typed ``bytes_contents`` over gRPC, one 4-byte length-prefixed
+element over REST's binary extension; the server decodes and resizes it.
+
 Only the first answer of a run is decoded and checked against the model;
 every later one is checked for its status alone.
+
+For the soak (:mod:`bench.soak`), ``sync`` makes several load generators
+open their windows together: after the first answer each starts its
+workers (the unmeasured warm-up), prints ``READY``, and waits for ``GO T``
+on stdin, T being the CLOCK_MONOTONIC second (system-wide on Linux) when
+recording starts. With ``window`` > 0 it also prints, before ``RESULT``,
+``WINDOWS {json}``: count, errors by kind, p50, p99 and throughput over the
+first and last ``window`` seconds, the whole run, and each consecutive
+window (:func:`window_report`).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import sys
 import time
+from array import array
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Awaitable, Callable
 
 import numpy as np
 
-from .specs import SPECS, ModelSpec
+from .specs import ModelSpec, spec_of
 
 GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 #: Most latencies kept per run (a run is bounded by this many requests too).
@@ -53,6 +70,9 @@ class Case:
     timeout: float = 30.0  # per request
     grpc_client: str = "h2"  # h2 (bench.h2grpc) or aio (grpcio's grpc.aio, to cross-check)
     max_requests: int = MAX_REQUESTS
+    image: str = ""  # an encoded image file to send (BYTES [1]) instead of the model's tensor
+    sync: bool = False  # READY, then wait for "GO <monotonic start>" on stdin (bench.soak)
+    window: float = 0.0  # > 0: report per window of this many seconds too (the WINDOWS line)
 
 
 @dataclass
@@ -82,7 +102,7 @@ class Recorder:
         if self.recording:
             self.lat_ns.append(ns)
 
-    def error(self, what: str) -> None:
+    def error(self, what: str, kind: str = "") -> None:
         if self.recording:
             self.errors += 1
             self.first_error = self.first_error or what[:300]
@@ -101,6 +121,86 @@ class Recorder:
         return s
 
 
+class TimedRecorder(Recorder):
+    """Also when each answer came (CLOCK_MONOTONIC ns) and each error's kind, for per-window figures."""
+
+    def __init__(self, max_requests: int) -> None:
+        super().__init__(max_requests)
+        self.done_ns = array("q")
+        self.err_ns = array("q")
+        self.err_kinds: list[str] = []
+
+    def ok(self, ns: int) -> None:
+        if self.recording:
+            self.lat_ns.append(ns)
+            self.done_ns.append(time.monotonic_ns())
+
+    def error(self, what: str, kind: str = "") -> None:
+        if self.recording:
+            super().error(what, kind)
+            self.err_ns.append(time.monotonic_ns())
+            self.err_kinds.append(kind or error_kind(what))
+
+
+def error_kind(detail: str) -> str:
+    """The class of a failed request from what the calls below report: ``HTTP 503``,
+    ``gRPC UNAVAILABLE``, ``timeout``, ``connection``, else the exception's name."""
+    head = detail.split(":", 1)[0]
+    if head.startswith("HTTP "):
+        return head
+    if head.startswith("gRPC status "):
+        code = head.removeprefix("gRPC status ")
+        return "gRPC " + GRPC_CODES.get(int(code), code) if code.isdigit() else head
+    if head.isupper() and head.replace("_", "").isalpha():  # grpc.aio: "UNAVAILABLE: ..."
+        return "gRPC " + head
+    return head or "unknown"
+
+
+def exception_kind(exc: BaseException) -> str:
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return "timeout"
+    if isinstance(exc, (ConnectionError, OSError)):
+        return "connection"
+    return type(exc).__name__
+
+
+GRPC_CODES = {1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+              6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+              10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+              15: "DATA_LOSS", 16: "UNAUTHENTICATED"}
+
+
+def _window(lat_ms: np.ndarray, done: np.ndarray, err_t: np.ndarray, err_kinds: list[str],
+            start: float, stop: float) -> dict:
+    """Figures of the answers that came in [start, stop) seconds of the run."""
+    ok = (done >= start) & (done < stop)
+    bad = (err_t >= start) & (err_t < stop)
+    kinds: dict[str, int] = {}
+    for k in np.asarray(err_kinds, dtype=object)[bad]:
+        kinds[k] = kinds.get(k, 0) + 1
+    lat = lat_ms[ok]
+    p50, p99 = (float(v) for v in np.percentile(lat, [50, 99])) if len(lat) else (0.0, 0.0)
+    span = max(stop - start, 1e-9)
+    return {"start": round(start, 3), "stop": round(stop, 3), "count": int(ok.sum()), "errors": int(bad.sum()),
+            "error_kinds": kinds, "p50_ms": p50, "p99_ms": p99, "throughput": int(ok.sum()) / span}
+
+
+def window_report(rec: TimedRecorder, start_ns: int, duration: float, window: float) -> dict:
+    """first/last ``window`` seconds, the whole run, and every consecutive window (the last may be short)."""
+    lat_ms = np.asarray(rec.lat_ns, dtype=np.float64) / 1e6
+    done = (np.frombuffer(rec.done_ns, dtype=np.int64) - start_ns) / 1e9
+    err_t = (np.frombuffer(rec.err_ns, dtype=np.int64) - start_ns) / 1e9
+    window = min(window, duration)
+
+    def one(a: float, b: float) -> dict:
+        return _window(lat_ms, done, err_t, rec.err_kinds, a, b)
+
+    edges = list(np.arange(0.0, duration, window)) + [duration]
+    return {"window": window, "duration": duration,
+            "first": one(0.0, window), "last": one(duration - window, duration), "all": one(0.0, duration),
+            "series": [one(a, b) for a, b in zip(edges, edges[1:]) if b - a > 1e-6]}
+
+
 def signal_line(text: str) -> None:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
@@ -114,6 +214,30 @@ def grpc_request(spec: ModelSpec, x: np.ndarray) -> bytes:
     req.inputs.add(name=spec.input_name, datatype=spec.datatype, shape=list(x.shape))
     req.raw_input_contents.append(x.tobytes())
     return req.SerializeToString()
+
+
+def grpc_image_request(spec: ModelSpec, image: bytes) -> bytes:
+    """BYTES [1] of one encoded image in typed ``bytes_contents`` (OVMS's way), asking for the one output."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    req = pb.ModelInferRequest(model_name=spec.name)
+    tensor = req.inputs.add(name=spec.input_name, datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(image)
+    req.outputs.add(name=spec.output_name)
+    return req.SerializeToString()
+
+
+def http_image_request(spec: ModelSpec, image: bytes, host: str, port: int) -> bytes:
+    """BYTES [1] over the binary extension: one element, prefixed by its 4-byte little-endian length."""
+    raw = struct.pack("<I", len(image)) + image
+    tensor = {"name": spec.input_name, "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
+    header = json.dumps({"inputs": [tensor], "outputs": [{"name": spec.output_name, "parameters": {"binary_data": True}}]},
+                        separators=(",", ":")).encode()
+    body = header + raw
+    head = (f"POST /v2/models/{spec.name}/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Length: {len(body)}\r\nInference-Header-Content-Length: {len(header)}\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n")
+    return head.encode() + body
 
 
 def http_request(spec: ModelSpec, x: np.ndarray, binary: bool, host: str, port: int) -> bytes:
@@ -275,7 +399,7 @@ async def closed_loop(case: Case, calls: list[Call], rec: Recorder) -> Stats:
             try:
                 ok, detail = await call()  # each call bounds itself by case.timeout
             except Exception as exc:  # timeouts, resets: counted, then the next request
-                rec.error(f"{type(exc).__name__}: {exc}")
+                rec.error(f"{type(exc).__name__}: {exc}", exception_kind(exc))
                 await asyncio.sleep(0.01)
                 continue
             if ok:
@@ -284,8 +408,12 @@ async def closed_loop(case: Case, calls: list[Call], rec: Recorder) -> Stats:
                 rec.error(str(detail))
 
     workers = [asyncio.create_task(worker(c)) for c in calls]
-    await asyncio.sleep(case.warmup)
+    if case.sync:
+        await asyncio.sleep(max(await _go() - time.monotonic(), 0))
+    else:
+        await asyncio.sleep(case.warmup)
     rec.recording = True
+    start_ns = time.monotonic_ns()
     signal_line("START")
     t0, cpu0 = time.perf_counter(), time.process_time()
     deadline = t0 + case.duration
@@ -298,7 +426,23 @@ async def closed_loop(case: Case, calls: list[Call], rec: Recorder) -> Stats:
     _, pending = await asyncio.wait(workers, timeout=case.timeout + 5)
     for w in pending:
         w.cancel()
+    if case.window > 0 and isinstance(rec, TimedRecorder):
+        signal_line("WINDOWS " + json.dumps(window_report(rec, start_ns, case.duration, case.window)))
     return rec.stats(elapsed, cpu)
+
+
+async def _go() -> float:
+    """READY, then the monotonic second of the start from the ``GO T`` line on stdin."""
+    signal_line("READY")
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    word, _, value = line.partition(" ")
+    if word != "GO":
+        raise SystemExit(f"expected 'GO <start>' on stdin, got {line!r}")
+    return float(value)
+
+
+def recorder(case: Case) -> Recorder:
+    return TimedRecorder(case.max_requests) if case.window > 0 else Recorder(case.max_requests)
 
 
 async def first_answer(call: Call, spec: ModelSpec, x: np.ndarray, decode: Callable[[object], np.ndarray]) -> str:
@@ -321,7 +465,7 @@ async def run_grpc(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
 
     conn = await h2grpc.connect(case.host, case.port)
     block = h2grpc.request_block(GRPC_METHOD, f"{case.host}:{case.port}")
-    message = h2grpc.grpc_message(grpc_request(spec, x))
+    message = h2grpc.grpc_message(grpc_image_request(spec, _image(case)) if case.image else grpc_request(spec, x))
 
     async def call() -> tuple[bool, object]:
         status, text, body = await conn.call(block, message, case.timeout)
@@ -331,7 +475,7 @@ async def run_grpc(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
         problem = await first_answer(call, spec, x, decode_grpc)
         if problem:
             return Stats(errors=1, first_error=f"first answer: {problem}")
-        return await closed_loop(case, [call] * case.concurrency, Recorder(case.max_requests))
+        return await closed_loop(case, [call] * case.concurrency, recorder(case))
     finally:
         conn.close()
 
@@ -340,7 +484,7 @@ async def run_grpc_aio(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
     """The same through grpcio's own client (dearer per call; for cross-checks)."""
     import grpc
 
-    payload = grpc_request(spec, x)
+    payload = grpc_image_request(spec, _image(case)) if case.image else grpc_request(spec, x)
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     async with grpc.aio.insecure_channel(f"{case.host}:{case.port}", options=options) as channel:
         rpc = channel.unary_unary(GRPC_METHOD)
@@ -354,12 +498,17 @@ async def run_grpc_aio(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
         problem = await first_answer(call, spec, x, decode_grpc)
         if problem:
             return Stats(errors=1, first_error=f"first answer: {problem}")
-        return await closed_loop(case, [call] * case.concurrency, Recorder(case.max_requests))
+        return await closed_loop(case, [call] * case.concurrency, recorder(case))
 
 
 async def run_http(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
     loop = asyncio.get_running_loop()
-    payload = http_request(spec, x, case.kind == "rest-binary", case.host, case.port)
+    if case.image:
+        if case.kind != "rest-binary":
+            raise SystemExit(f"images go over grpc or rest-binary, not {case.kind}")
+        payload = http_image_request(spec, _image(case), case.host, case.port)
+    else:
+        payload = http_request(spec, x, case.kind == "rest-binary", case.host, case.port)
     conns: list[HttpConnection] = []
     for _ in range(case.concurrency):
         _, proto = await loop.create_connection(HttpConnection, case.host, case.port)
@@ -383,15 +532,19 @@ async def run_http(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
         problem = await first_answer(calls[0], spec, x, lambda d: decode_http(*d))  # type: ignore[misc]
         if problem:
             return Stats(errors=1, first_error=f"first answer: {problem}")
-        return await closed_loop(case, calls, Recorder(case.max_requests))
+        return await closed_loop(case, calls, recorder(case))
     finally:
         for c in conns:
             if c.transport is not None:
                 c.transport.close()
 
 
+def _image(case: Case) -> bytes:
+    return Path(case.image).read_bytes()
+
+
 def run(case: Case) -> Stats:
-    spec = SPECS[case.model]
+    spec = spec_of(case.model)
     x = spec.sample()
     if case.kind.startswith("raw-"):
         from . import raw

@@ -8,6 +8,11 @@
 - ``mobilenet_v2``: the real ImageNet classifier from ``ovserve.server.zoo``
   (u8 ``image`` [-1,224,224,3] NHWC BGR -> ``logits`` [-1,1000]), when its
   weights can be had; skipped otherwise.
+- ``small_classifier``: the soak's image model when MobileNetV2 cannot be
+  had: FP32 ``image`` [-1,3,224,224] (NCHW, served as NHWC through
+  config.json's ``layout NHWC:NCHW``, as OVMS users serve NCHW models to
+  images) -> one strided 4x4 convolution, global pool, dense ->
+  ``logits`` [-1,1000].
 
 What each request sends and how every runner compiles a model is in
 :mod:`bench.specs`.
@@ -22,7 +27,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from .specs import SEED, SPECS
+from .specs import SEED, spec_of
 
 log = logging.getLogger("bench")
 
@@ -68,6 +73,17 @@ def resnetish_model() -> ov.Model:
     return ov.Model([_named(y, "y")], [x], "resnetish")
 
 
+def small_classifier_model() -> ov.Model:
+    rng = np.random.default_rng(SEED)
+    x = ops.parameter(ov.PartialShape([-1, 3, 224, 224]), ov.Type.f32, name="image")
+    w = (rng.standard_normal((16, 3, 4, 4)) / np.sqrt(3 * 16 * 255.0)).astype(np.float32)
+    h = ops.relu(ops.convolution(x, ops.constant(w), [4, 4], [0, 0], [0, 0], [1, 1]))
+    pooled = ops.reduce_mean(h, ops.constant(np.array([2, 3], dtype=np.int64)), keep_dims=False)
+    fc = (rng.standard_normal((16, CLASSES)) / 4).astype(np.float32)
+    y = ops.matmul(pooled, ops.constant(fc), False, False)
+    return ov.Model([_named(y, "logits")], [x], "small_classifier")
+
+
 def _save(model: ov.Model, repo: Path, name: str) -> Path:
     target = repo / name / "1"
     target.mkdir(parents=True, exist_ok=True)
@@ -90,12 +106,18 @@ def build_repository(repo: Path, mobilenet: bool = True) -> dict[str, Path]:
     return paths
 
 
+def build_small_classifier(repo: Path) -> Path:
+    """Write ``small_classifier`` into the repository; returns its model.xml."""
+    return _save(small_classifier_model(), Path(repo), "small_classifier")
+
+
 def write_config(folder: Path, names: list[str], repo: Path | None = None) -> Path:
     """``folder``/config.json (OVMS style) serving ``names`` from ``repo`` (default: ``folder``),
-    each with its plugin_config."""
+    each with its plugin_config and other config fields."""
     repo = Path(repo or folder).resolve()
     entries = [
-        {"config": {"name": n, "base_path": str(repo / n), "plugin_config": SPECS[n].plugin_config}} for n in names
+        {"config": {"name": n, "base_path": str(repo / n), "plugin_config": spec_of(n).plugin_config,
+                    **spec_of(n).config}} for n in names
     ]
     Path(folder).mkdir(parents=True, exist_ok=True)
     path = Path(folder) / "config.json"

@@ -24,6 +24,8 @@ class ModelSpec:
     output_name: str
     #: OpenVINO properties for every runner; the server gets them through config.json.
     plugin_config: dict = field(default_factory=dict)
+    #: Other fields of the model's config.json entry (e.g. ``layout``).
+    config: dict = field(default_factory=dict)
 
     @property
     def dtype(self) -> np.dtype:
@@ -53,6 +55,22 @@ SPECS = {
     "resnetish": ModelSpec("resnetish", "x", "FP32", (1, 3, 224, 224), "y", dict(LATENCY)),
     "mobilenet_v2": ModelSpec("mobilenet_v2", "image", "UINT8", (1, 224, 224, 3), "logits", dict(THROUGHPUT)),
 }
+
+
+#: Models the soak (bench/soak.py) sends encoded images to (BYTES [1], a JPEG), beside
+#: ``mobilenet_v2``: ``small_classifier`` stands in for it where its weights cannot be had. Kept
+#: apart from SPECS, which the benchmark's runners all iterate and feed tensors.
+IMAGE_SPECS = {
+    "small_classifier": ModelSpec("small_classifier", "image", "FP32", (1, 224, 224, 3), "logits", dict(LATENCY),
+                                  {"layout": "NHWC:NCHW"}),
+}
+#: The models whose soak traffic is images rather than tensors.
+IMAGE_MODELS = ("mobilenet_v2", *IMAGE_SPECS)
+
+
+def spec_of(name: str) -> ModelSpec:
+    """The spec of a benchmark model or of a soak-only image model."""
+    return SPECS[name] if name in SPECS else IMAGE_SPECS[name]
 
 
 def with_hint(hint: str | None) -> None:
