@@ -33,7 +33,10 @@ def plan(uri: str) -> StoragePlan:
         raise BadStorageUri("is empty")
     if uri.startswith("/"):
         return StoragePlan("host", _clean_abs(uri))
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL" for http://[x
+        raise BadStorageUri(f"{uri!r}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme == "pvc":
         claim = parts.netloc

@@ -2,10 +2,17 @@
 
 ``check(isvc)`` raises ``Invalid`` naming the field; the handler turns it into a
 ``kopf.PermanentError`` and a ``Ready=False`` condition with reason ``InvalidSpec``.
+
+``check`` takes any value and either returns (the builders can then build it) or raises
+``Invalid``, nothing else: the types of the fields the builders and ``ovserve run`` read
+are checked here too. In a cluster the CRD's schema has refused most wrong types already,
+but ``ovserve run`` reads YAML that no API server has seen, and an operator may meet a
+CRD installed from elsewhere with a looser schema.
 """
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from . import names as n
 from . import pods
@@ -18,6 +25,9 @@ RUNTIMES = ("", "ovserve")
 FRAMEWORKS = ("sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx", "lightgbm", "paddle",
               "pmml", "huggingface")
 RESERVED_VOLUMES = (pods.MODELS_VOLUME, pods.PVC_VOLUME, pods.HOST_VOLUME)
+INT32 = 2**31 - 1  # replicas and ports are int32 in the Deployment and Service they end up in
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+SCALE_METRICS = ("cpu", "memory")
 
 
 class Invalid(ValueError):
@@ -29,30 +39,134 @@ class Invalid(ValueError):
         self.reason = reason
 
 
-def check(isvc: dict) -> None:
-    name = isvc.get("metadata", {}).get("name", "")
-    if not DNS1035_LABEL.match(name) or len(name) > MAX_NAME:
+def check(isvc: object) -> None:
+    if not isinstance(isvc, dict):
+        raise Invalid("<document>", f"must be a mapping (an InferenceService), got {_kind(isvc)}")
+    meta = _mapping(isvc, "metadata", "metadata")
+    name = meta.get("name", "")
+    if not isinstance(name, str) or not DNS1035_LABEL.match(name) or len(name) > MAX_NAME:
         raise Invalid("metadata.name", f"{name!r} must be a DNS-1035 label of at most {MAX_NAME} characters "
                       "(lower case letters, digits and '-', starting with a letter)")
-    spec = isvc.get("spec") or {}
+    for key in ("namespace", "uid"):  # set by the API server (and by ovserve run)
+        _typed(meta, key, str, f"metadata.{key}")
+    spec = _mapping(isvc, "spec", "spec")
     if not spec.get("predictor"):
         raise Invalid("spec.predictor", "is required")
     for component in n.present_components(isvc):
-        _component(spec[component], f"spec.{component}")
+        _component(_mapping(spec, component, f"spec.{component}"), f"spec.{component}")
     _predictor(spec["predictor"])
     for key in ("alibi", "art"):
         if (spec.get("explainer") or {}).get(key):
             raise Invalid(f"spec.explainer.{key}", "built-in explainers are not supported; give containers")
 
 
+# -- the types the builders rely on ---------------------------------------------------------
+
+_KINDS = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+          float: "a number", type(None): "null"}
+
+
+def _kind(value: object) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _typed(parent: dict, key: str, kind: type, where: str) -> Any:
+    """``parent[key]`` when absent, null or a ``kind`` (a boolean is no integer); else Invalid naming ``where``."""
+    value = parent.get(key)
+    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise Invalid(where, f"must be {_KINDS[kind]}, got {_kind(value)}")
+    return value
+
+
+def _mapping(parent: dict, key: str, where: str) -> dict:
+    return _typed(parent, key, dict, where) or {}
+
+
+def _list(parent: dict, key: str, where: str) -> list:
+    return _typed(parent, key, list, where) or []
+
+
+def _integer(parent: dict, key: str, where: str, low: int, high: int = INT32) -> int | None:
+    value = _typed(parent, key, int, where)
+    if value is not None and not low <= value <= high:
+        raise Invalid(where, f"{value} is out of range ({low}-{high})")
+    return value
+
+
+def _choice(parent: dict, key: str, where: str, choices: tuple[str, ...]) -> None:
+    value = _typed(parent, key, str, where)
+    if value and value not in choices:
+        raise Invalid(where, f"{value!r} is not one of {', '.join(choices)}")
+
+
+def _strings(parent: dict, key: str, where: str) -> None:
+    for i, item in enumerate(_list(parent, key, where)):
+        if not isinstance(item, str):
+            raise Invalid(f"{where}[{i}]", f"must be a string, got {_kind(item)}")
+
+
+def _string_map(parent: dict, key: str, where: str) -> None:
+    for k, v in _mapping(parent, key, where).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise Invalid(f"{where}.{k}", f"keys and values must be strings, got {_kind(v)}")
+
+
+def _items(parent: dict, key: str, where: str) -> list[tuple[str, dict]]:
+    """A list of mappings: (path, item) for each."""
+    out = []
+    for i, item in enumerate(_list(parent, key, where)):
+        if not isinstance(item, dict):
+            raise Invalid(f"{where}[{i}]", f"must be a mapping, got {_kind(item)}")
+        out.append((f"{where}[{i}]", item))
+    return out
+
+
+def _env(parent: dict, where: str) -> None:
+    for at, var in _items(parent, "env", f"{where}.env"):
+        if not isinstance(var.get("name"), str) or not var["name"]:
+            raise Invalid(f"{at}.name", "is required (a string)")
+        _typed(var, "value", str, f"{at}.value")
+        _mapping(var, "valueFrom", f"{at}.valueFrom")
+
+
+def _ports(parent: dict, where: str) -> None:
+    for at, port in _items(parent, "ports", f"{where}.ports"):
+        if _integer(port, "containerPort", f"{at}.containerPort", 1, 65535) is None:
+            raise Invalid(f"{at}.containerPort", "is required")
+        _typed(port, "name", str, f"{at}.name")
+
+
+def _container(container: dict, where: str) -> None:
+    """The container fields the builders and ``ovserve run`` read (the rest pass through to the pod)."""
+    if not isinstance(container.get("image"), str) or not container["image"]:
+        raise Invalid(f"{where}.image", "is required (a string)")
+    _typed(container, "name", str, f"{where}.name")
+    _strings(container, "command", f"{where}.command")
+    _strings(container, "args", f"{where}.args")
+    _env(container, where)
+    _ports(container, where)
+    _mapping(container, "resources", f"{where}.resources")
+    _choice(container, "imagePullPolicy", f"{where}.imagePullPolicy", PULL_POLICIES)
+
+
 def _component(spec: dict, where: str) -> None:
-    low, high = spec.get("minReplicas"), spec.get("maxReplicas")
+    low = _integer(spec, "minReplicas", f"{where}.minReplicas", 0)
+    high = _integer(spec, "maxReplicas", f"{where}.maxReplicas", 0)
     if high and low is not None and high < low:
         raise Invalid(f"{where}.maxReplicas", f"{high} is less than minReplicas {low}")
-    for i, volume in enumerate(spec.get("volumes") or []):
-        if volume.get("name") in RESERVED_VOLUMES:
+    _integer(spec, "scaleTarget", f"{where}.scaleTarget", 1)
+    _choice(spec, "scaleMetric", f"{where}.scaleMetric", SCALE_METRICS)
+    _string_map(spec, "labels", f"{where}.labels")
+    _string_map(spec, "annotations", f"{where}.annotations")
+    for i, (at, volume) in enumerate(_items(spec, "volumes", f"{where}.volumes")):
+        if not isinstance(volume.get("name"), str):
+            raise Invalid(f"{at}.name", "is required (a string)")
+        if volume["name"] in RESERVED_VOLUMES:
             raise Invalid(f"{where}.volumes[{i}].name", f"{volume['name']!r} is reserved by the operator")
-    if where != "spec.predictor" and not spec.get("containers"):
+    containers = _items(spec, "containers", f"{where}.containers")
+    for at, container in containers:
+        _container(container, at)
+    if where != "spec.predictor" and not containers:
         raise Invalid(f"{where}.containers", "is required")
 
 
@@ -65,19 +179,28 @@ def _predictor(spec: dict) -> None:
         raise Invalid("spec.predictor", "give exactly one of model or containers")
     if spec.get("containers"):
         return
-    model = spec["model"]
-    fmt = str((model.get("modelFormat") or {}).get("name", ""))
-    if fmt.lower() not in MODEL_FORMATS:
-        raise Invalid("spec.predictor.model.modelFormat.name",
-                      f"{fmt!r} is not supported (ovserve serves {' and '.join(MODEL_FORMATS)})")
-    runtime = model.get("runtime") or ""
+    model = _mapping(spec, "model", "spec.predictor.model")
+    where = "spec.predictor.model"
+    fmt = _typed(_mapping(model, "modelFormat", f"{where}.modelFormat"), "name", str, f"{where}.modelFormat.name")
+    if (fmt or "").lower() not in MODEL_FORMATS:
+        raise Invalid(f"{where}.modelFormat.name",
+                      f"{fmt or ''!r} is not supported (ovserve serves {' and '.join(MODEL_FORMATS)})")
+    runtime = _typed(model, "runtime", str, f"{where}.runtime") or ""
     if runtime not in RUNTIMES:
-        raise Invalid("spec.predictor.model.runtime", f"{runtime!r} is not supported (leave it empty or 'ovserve')")
-    if not model.get("storageUri"):
-        raise Invalid("spec.predictor.model.storageUri", "is required: where the model comes from")
+        raise Invalid(f"{where}.runtime", f"{runtime!r} is not supported (leave it empty or 'ovserve')")
+    uri = _typed(model, "storageUri", str, f"{where}.storageUri")
+    if not uri:
+        raise Invalid(f"{where}.storageUri", "is required: where the model comes from")
     try:
-        plan(model["storageUri"])
+        plan(uri)
     except BadStorageUri as exc:
-        raise Invalid("spec.predictor.model.storageUri", str(exc)) from None
+        raise Invalid(f"{where}.storageUri", str(exc)) from None
+    for key in ("name", "image"):
+        _typed(model, key, str, f"{where}.{key}")
+    _strings(model, "args", f"{where}.args")
+    _env(model, where)
+    _ports(model, where)
+    _mapping(model, "resources", f"{where}.resources")
+    _choice(model, "imagePullPolicy", f"{where}.imagePullPolicy", PULL_POLICIES)
     if len({p.get("containerPort") for p in model.get("ports") or []}) > 2:
-        raise Invalid("spec.predictor.model.ports", "at most two ports: REST and gRPC (named h2c or grpc)")
+        raise Invalid(f"{where}.ports", "at most two ports: REST and gRPC (named h2c or grpc)")

@@ -15,6 +15,7 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 NAMESPACE = "default"
 #: The image's entrypoint and default arguments (Dockerfile.server), for containers that give no command.
@@ -79,11 +80,21 @@ def load(path: Path) -> dict:
     import yaml
 
     try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise RunError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")  # what kubectl reads: UTF-8 (a byte-order mark is skipped)
+    except UnicodeDecodeError as exc:
+        raise RunError(f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d]
     except yaml.YAMLError as exc:
-        raise RunError(f"{path}: not valid YAML ({exc})") from None
+        raise RunError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise RunError(f"{path}: not valid YAML: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # a scalar PyYAML resolves but cannot build, e.g. 2024-13-01
+        raise RunError(f"{path}: not valid YAML: {exc}") from None
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "InferenceService"]
     if len(found) != 1:
         raise RunError(f"{path}: expected one InferenceService, found {len(found)}")
@@ -94,14 +105,24 @@ def load(path: Path) -> dict:
     return isvc
 
 
-def prepare(isvc: dict) -> dict:
+def _yaml_problem(exc: Exception) -> str:
+    """PyYAML's error on one line: where, then what (its own text quotes the source over several lines)."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is not None and problem:
+        context = getattr(exc, "context", None)
+        return f"line {mark.line + 1}, column {mark.column + 1}: " + (f"{context}: " if context else "") + problem
+    return " ".join(str(exc).split())
+
+
+def prepare(isvc: object) -> dict:
     """What the API server would add (namespace, uid), then the operator's own validation."""
     from ovserve.operator import validation
 
     isvc = copy.deepcopy(isvc)
-    meta = isvc.setdefault("metadata", {})
-    meta.setdefault("namespace", NAMESPACE)
-    meta.setdefault("uid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"ovserve-run/{meta.get('name')}")))
+    meta = isvc.setdefault("metadata", {}) if isinstance(isvc, dict) else None
+    if isinstance(meta, dict):  # anything else is refused by the validation below
+        meta.setdefault("namespace", NAMESPACE)
+        meta.setdefault("uid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"ovserve-run/{meta.get('name')}")))
     try:
         validation.check(isvc)
     except validation.Invalid as exc:
@@ -141,19 +162,55 @@ def plan(isvc: dict, workdir: Path) -> list[Component]:
     return out
 
 
+_KINDS = {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number"}
+
+
+def _field(parent: dict, key: str, kind: type | tuple[type, ...], where: str, required: bool = False) -> Any:
+    """``parent[key]`` checked against ``kind`` (a boolean is no number), or RunError naming the field.
+
+    The operator's validation types the fields the builders read; the pod fields it passes through
+    as written (volumeMounts, probes, volume sources) are read only here, so they are checked here:
+    in a cluster the API server's pod schema would refuse them."""
+    value = parent.get(key)
+    if value is None:
+        if required:
+            raise RunError(f"{_at(where, key)} is required")
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(_KINDS.get(k, k.__name__) for k in kinds)
+        raise RunError(f"{_at(where, key)} must be {names}, got {value!r:.40}")
+    return value
+
+
+def _at(where: str, key: str) -> str:
+    """A field's name in a message: ``where`` is a prefix ("predictor: container 'x': ") or a field."""
+    return f"{where}{key}" if where.endswith(": ") else f"{where}.{key}"
+
+
+def _mappings(parent: dict, key: str, where: str) -> list[tuple[str, dict]]:
+    out = []
+    for i, item in enumerate(_field(parent, key, list, where) or []):
+        if not isinstance(item, dict):
+            raise RunError(f"{_at(where, key)}[{i}] must be a mapping, got {item!r:.40}")
+        out.append((f"{_at(where, key)}[{i}]", item))
+    return out
+
+
 def _volumes(pod: dict, component: str, root: Path) -> tuple[dict[str, Path], list[Path]]:
     """Volume name -> local folder: an emptyDir is a fresh folder, a hostPath its own path."""
     local: dict[str, Path] = {}
     folders: list[Path] = []
-    for volume in pod.get("volumes") or []:
-        name = volume["name"]
+    for at, volume in _mappings(pod, "volumes", f"{component}: "):
+        name = _field(volume, "name", str, at, required=True)
         if "emptyDir" in volume:
             local[name] = root / name
             folders.append(local[name])
         elif "hostPath" in volume:
-            local[name] = Path(volume["hostPath"]["path"])
+            source = _field(volume, "hostPath", dict, at, required=True)
+            local[name] = Path(_field(source, "path", str, f"{at}.hostPath", required=True))
         elif "persistentVolumeClaim" in volume:
-            claim = volume["persistentVolumeClaim"].get("claimName")
+            claim = (_field(volume, "persistentVolumeClaim", dict, at) or {}).get("claimName")
             raise RunError(f"{component}: volume {name!r} is the PersistentVolumeClaim {claim!r} (a pvc:// "
                            "storageUri): claims exist only in a cluster. To try the model locally, copy it out "
                            "of the claim and use storageUri file:///path/to/model (or an http(s):// URL)")
@@ -228,29 +285,45 @@ def _env(container: dict, component: str, mounts: list[tuple[str, Path]]) -> dic
     return env
 
 
-def _probe(spec: dict | None, ports: dict[str, int], default_port: int) -> Probe | None:
+def _seconds(spec: dict, key: str, where: str, default: float) -> float:
+    value = _field(spec, key, (int, float), where)
+    if value is not None and not 0 <= value <= 10**6:  # a probe's budget, not a way to overflow a float
+        raise RunError(f"{_at(where, key)} must be between 0 and 1000000, got {value}")
+    return float(default if value is None else value)
+
+
+def _probe(container: dict, key: str, where: str, ports: dict[str, int], default_port: int) -> Probe | None:
+    spec = _field(container, key, dict, where)
     if not spec:
         return None
-    budget = float(spec.get("initialDelaySeconds", 0)) + \
-        float(spec.get("periodSeconds", 10)) * float(spec.get("failureThreshold", 3))
-    timeout = float(spec.get("timeoutSeconds", 1))
-    for kind, key in (("http", "httpGet"), ("tcp", "tcpSocket")):
-        if key in spec:
-            port = spec[key].get("port", default_port)
-            port = ports.get(port, default_port) if isinstance(port, str) and not port.isdigit() else int(port)
-            return Probe(kind, port, spec[key].get("path", "/") if kind == "http" else "", budget, timeout)
+    where = _at(where, key)
+    budget = _seconds(spec, "initialDelaySeconds", where, 0) + \
+        _seconds(spec, "periodSeconds", where, 10) * _seconds(spec, "failureThreshold", where, 3)
+    timeout = _seconds(spec, "timeoutSeconds", where, 1)
+    for kind, action in (("http", "httpGet"), ("tcp", "tcpSocket")):
+        if action in spec:
+            target = _field(spec, action, dict, where, required=True)
+            port = _field(target, "port", (int, str), f"{where}.{action}")
+            if port is None:
+                port = default_port
+            elif isinstance(port, str):
+                port = int(port) if port.isdecimal() else ports.get(port, default_port)
+            path = _field(target, "path", str, f"{where}.{action}") or "/"
+            return Probe(kind, port, path if kind == "http" else "", budget, timeout)
     return None  # exec and grpc probes: the port check stands in (docs/run.md)
 
 
 def _proc(component: str, container: dict, volumes: dict[str, Path], rest: int, grpc: int | None) -> Proc:
     name = container.get("name", "?")
+    where = f"{component}: container {name!r}: "
     mounts: list[tuple[str, Path]] = []
-    for mount in container.get("volumeMounts") or []:
+    for at, mount in _mappings(container, "volumeMounts", where):
         if mount.get("subPath") or mount.get("subPathExpr"):
             raise RunError(f"{component}: container {name!r} mounts a subPath, which ovserve run does not emulate")
-        if mount["name"] not in volumes:
-            raise RunError(f"{component}: container {name!r} mounts {mount['name']!r}, which is not a pod volume")
-        mounts.append((posixpath.normpath(mount["mountPath"]), volumes[mount["name"]]))
+        volume = _field(mount, "name", str, at, required=True)
+        if volume not in volumes:
+            raise RunError(f"{component}: container {name!r} mounts {volume!r}, which is not a pod volume")
+        mounts.append((posixpath.normpath(_field(mount, "mountPath", str, at, required=True)), volumes[volume]))
     mounts.sort(key=lambda m: len(m[0]), reverse=True)  # the deepest mount wins
     argv = _command(container, component)
     subcommand = argv[1] if len(argv) > 1 else ""
@@ -270,8 +343,8 @@ def _proc(component: str, container: dict, volumes: dict[str, Path], rest: int, 
                 grpc_port=grpc if subcommand == "serve" else None,
                 wants_grpc=subcommand == "transformer" and "--grpc_port" in found,
                 grpc_predictor=grpc_predictor, port_names=ports)
-    proc.startup = _probe(container.get("startupProbe"), ports, rest)
-    proc.readiness = _probe(container.get("readinessProbe"), ports, rest)
+    proc.startup = _probe(container, "startupProbe", where, ports, rest)
+    proc.readiness = _probe(container, "readinessProbe", where, ports, rest)
     return proc
 
 
