@@ -149,3 +149,15 @@ def test_a_large_json_body_in_a_bytearray_takes_the_simdjson_path() -> None:
     assert len(body) >= codec.LARGE_JSON
     req = codec.decode_infer_request("m", "", body, None)
     np.testing.assert_array_equal(req.inputs[0].data, x)
+
+
+def test_integers_past_64_bits_decode_like_the_small_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """simdjson holds no integer past 64 bits (its BIGINT_ERROR was a RuntimeError, a 500); orjson reads a float."""
+    data = [2**64] + [1.0] * (N - 1)
+    large, small = _both(_body("FP64", data), monkeypatch)
+    assert not isinstance(large, Exception) and not isinstance(small, Exception), (large, small)
+    np.testing.assert_array_equal(large.inputs[0].data, small.inputs[0].data)
+    assert large.inputs[0].data[0] == float(2**64)
+    large, small = _both(_body("INT64", [-(2**63) - 1] + [1] * (N - 1)), monkeypatch)
+    for err in (large, small):
+        assert isinstance(err, InvalidInput) and "INT64" in err.message, err

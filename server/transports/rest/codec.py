@@ -85,8 +85,11 @@ def parse_request_json(body: memoryview, where: str = "request body") -> Any:
         return parse_json(body, where)
     try:
         doc = simdjson.Parser().parse(body)
-    except ValueError as exc:
-        raise InvalidInput(f"{where} is not valid JSON: {exc}") from None
+    except (ValueError, RuntimeError):
+        # simdjson refuses some valid JSON, integers past 64 bits (NUMBER_ERROR, or
+        # BIGINT_ERROR as a RuntimeError): orjson, the small bodies' parser, decides,
+        # so that both paths read (or refuse) the same documents.
+        return parse_json(body, where)
     if not isinstance(doc, simdjson.Object):
         return _plain(doc)
     out = {}
