@@ -75,7 +75,7 @@ class ServerProcess:
     """A running server: ``rest_port``/``grpc_port`` once known; stop() always."""
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
-                 rest_port: int = 0, grpc_port: int = 0, cwd: Path | None = None) -> None:
+                 rest_port: int = 0, grpc_port: int = 0, cwd: Path | None = None, keep: int | None = 400) -> None:
         self.name = name
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -83,7 +83,7 @@ class ServerProcess:
                                      preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.ps = psutil.Process(self.proc.pid)
         assert self.proc.stderr is not None
-        self.output = ServerLog(self.proc.stderr, BoundPorts(rest_port, grpc_port), keep=400)
+        self.output = ServerLog(self.proc.stderr, BoundPorts(rest_port, grpc_port), keep=keep)  # None: every line
 
     @property
     def rest_port(self) -> int:
@@ -151,5 +151,6 @@ def ovserve_command(config: Path, extra: list[str] | None = None) -> list[str]:
             "--grpc-port", "0", "--config", str(config), "--poll-interval", "0", *(extra or [])]
 
 
-def start_ovserve(config: Path, extra: list[str] | None = None, name: str = "ovserve") -> ServerProcess:
-    return ServerProcess(name, ovserve_command(config, extra))
+def start_ovserve(config: Path, extra: list[str] | None = None, name: str = "ovserve",
+                  keep: int | None = 400) -> ServerProcess:
+    return ServerProcess(name, ovserve_command(config, extra), keep=keep)

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import shlex
 import signal
 import subprocess
@@ -237,7 +238,7 @@ class Soak:
     fairness: list  # per model: grpc p50, REST p50s, ratios, verdict
     errors: int = 0
     failures: list = field(default_factory=list)  # what went wrong beside request errors
-    server_log_problems: list = field(default_factory=list)
+    server_log: dict = field(default_factory=dict)  # log_problems() of the soak's lines
     machine: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
 
@@ -332,22 +333,45 @@ def run(args: argparse.Namespace, command: str) -> Soak:
         extra = [*args.ovserve_arg, *(["--grpc-engine", args.grpc_engine] if args.grpc_engine else [])]
         print(f"streams ({sum(s.concurrency for s in streams)} in flight): "
               + ", ".join(f"{s.label} x{s.concurrency}" for s in streams), flush=True)
-        with servers.start_ovserve(config, extra) as server:
+        with servers.start_ovserve(config, extra, keep=None) as server:  # every line: the soak's are counted
             server.wait_ready(names)
+            logged = len(server.output.lines)
             print(f"ovserve pid {server.proc.pid}, REST {server.rest_port}, gRPC {server.grpc_port}"
                   + (f", args {shlex.join(extra)}" if extra else ""), flush=True)
             before = wait_quiet(args.quiet_below, args.wait_quiet, log=lambda m: print(m, flush=True))
             soak = drive(args, server, streams, image)
             if server.proc.poll() is not None:
                 soak["failures"].append(f"ovserve exited with {server.proc.returncode} during the soak")
-            problems = [ln.rstrip() for ln in list(server.output.lines) if " ERROR " in ln or "Traceback" in ln]
+            server.stop()
+            log = log_problems(list(server.output.lines)[logged:])
     results: list[StreamResult] = soak["streams"]
     server_figs, cpu = soak["server"], soak["cpu"]
     cpu["before_pct"] = before
     return Soak(started.isoformat(timespec="seconds"), command, args.duration, args.window,
                 sum(s.concurrency for s in streams), extra, image_what, results, server_figs, cpu,
-                fairness(results), sum(r.errors for r in results), soak["failures"], problems[-20:],
+                fairness(results), sum(r.errors for r in results), soak["failures"], log,
                 report.machine(), versions())
+
+
+#: A traceback's last line: the exception and its message.
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+
+
+def log_problems(lines: list[str]) -> dict:
+    """What the server logged at WARNING and above during the soak: counts, and the first few
+    distinct messages (each traceback by its exception line)."""
+    out: dict = {"warnings": 0, "errors": 0, "tracebacks": 0, "first": []}
+    for line in lines:
+        line = line.rstrip()
+        kind = ("errors" if " ERROR " in line or " CRITICAL " in line else "warnings" if " WARNING " in line
+                else "tracebacks" if line.startswith("Traceback") else "")
+        if kind:
+            out[kind] += 1
+        message = line if kind in ("errors", "warnings") else line if EXCEPTION_LINE.match(line) else ""
+        message = re.sub(r"^[\d-]+ [\d:,]+ ", "", message)  # without the time stamp, to see repeats
+        if message and message not in out["first"] and len(out["first"]) < 6:
+            out["first"].append(message[:300])
+    return out
 
 
 def drive(args: argparse.Namespace, server: servers.ServerProcess, streams: list[Stream], image: Path) -> dict:
@@ -495,8 +519,9 @@ def render(soak: Soak, markdown: bool) -> str:
         f"load generators {c['clients_pct']:.0f}%, other processes {c['other_pct']:.0f}%); "
         f"other processes just before: {c['before_pct']:.0f}%.",
         *[f"- Failure: {f}" for f in soak.failures],
-        *([f"- Server log ({len(soak.server_log_problems)} ERROR/Traceback lines in its last 400): "
-           + soak.server_log_problems[0][:300]] if soak.server_log_problems else []),
+        f"- Server log during the soak: {soak.server_log['errors']} ERROR, {soak.server_log['warnings']} WARNING "
+        f"lines, {soak.server_log['tracebacks']} tracebacks"
+        + "".join(f"\n    - `{m}`" for m in soak.server_log["first"]),
         "",
         f"gRPC vs REST, same model, same load (issue 15 item 17: gRPC p50 within {FAIR:g}x of REST's; "
         "'within' compares with the fastest REST kind):",

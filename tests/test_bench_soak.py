@@ -45,6 +45,7 @@ def test_soak_mixed_load_reports_every_stream_without_errors(tmp_path: Path) -> 
     assert {(s["model"], s["kind"]) for s in streams} == STREAMS
     assert sum(s["concurrency"] for s in streams) == result["concurrency"] == 8
     assert result["errors"] == 0 and not result["failures"], result["failures"]
+    assert (result["server_log"]["errors"], result["server_log"]["tracebacks"]) == (0, 0), result["server_log"]
     for s in streams:
         assert s["errors"] == 0 and s["error_kinds"] == {}, s
         assert s["image"] == (s["model"] == "small_classifier")
@@ -127,6 +128,19 @@ def test_errors_are_classed_by_kind() -> None:
     assert loadgen.exception_kind(TimeoutError("no answer in time")) == "timeout"
     assert loadgen.exception_kind(ConnectionResetError()) == "connection"
     assert loadgen.exception_kind(ValueError()) == "ValueError"
+
+
+def test_server_log_problems_are_counted_with_their_first_messages() -> None:
+    lines = ["2026-11-24 01:39:15,574 INFO ovserve: ready\n",
+             "2026-11-24 01:39:15,574 ERROR ovserve.rest: unexpected error on POST /v2/models/m/infer\n",
+             "Traceback (most recent call last):\n", '  File "x.py", line 1, in f\n',
+             "AttributeError: 'Handle' object has no attribute 'when'\n",
+             "2026-11-24 01:39:16,001 ERROR ovserve.rest: unexpected error on POST /v2/models/m/infer\n",
+             "2026-11-24 01:39:17,000 WARNING ovserve.runtime: m: slow\n"]
+    assert soak.log_problems(lines) == {
+        "warnings": 1, "errors": 2, "tracebacks": 1,
+        "first": ["ERROR ovserve.rest: unexpected error on POST /v2/models/m/infer",
+                  "AttributeError: 'Handle' object has no attribute 'when'", "WARNING ovserve.runtime: m: slow"]}
 
 
 def test_windows_count_what_came_in_each() -> None:
