@@ -417,11 +417,25 @@ def drive(args: argparse.Namespace, server: servers.ServerProcess, streams: list
     server_figs = {
         "rss_start_mib": first.rss / mib, "rss_end_mib": end.rss / mib, "rss_peak_mib": max(s.rss for s in samples) / mib,
         "fds_start": first.fds, "fds_end": end.fds, "fds_peak": max(s.fds for s in samples), "cpu_pct": server_pct,
-        "samples": [[round(s.t, 1), round(s.rss / mib, 1), s.fds] for s in samples],
+        "samples": [[round(s.t, 2), round(s.rss / mib, 1), s.fds, round(s.cpu_s, 2), round(s.busy_s, 2)]
+                    for s in samples],  # t, RSS MiB, fds, server CPU s, machine busy CPU s
     }
     cpu = {"busy_pct": busy_pct, "server_pct": server_pct, "clients_pct": clients_pct,
            "other_pct": max(busy_pct - server_pct - clients_pct, 0.0)}
+    for name, (a, b) in (("first", (0.0, args.window)), ("last", (args.duration - args.window, args.duration))):
+        cpu[f"server_{name}_pct"], cpu[f"other_{name}_pct"] = window_cpu(server_figs["samples"], a, b, clients_pct)
     return {"streams": results, "server": server_figs, "cpu": cpu, "failures": failures}
+
+
+def window_cpu(samples: list[list[float]], a: float, b: float, clients_pct: float) -> tuple[float, float]:
+    """(server, other processes) CPU % of a core between the samples nearest ``a`` and ``b`` seconds;
+    the load generators' share is taken as their whole-run average."""
+    s0, s1 = (min(samples, key=lambda x: abs(x[0] - t)) for t in (a, b))
+    wall = s1[0] - s0[0]
+    if wall <= 0:
+        return 0.0, 0.0
+    server = 100 * (s1[3] - s0[3]) / wall
+    return server, max(100 * (s1[4] - s0[4]) / wall - server - clients_pct, 0.0)
 
 
 def collect(g: Generator) -> StreamResult:
@@ -516,8 +530,9 @@ def render(soak: Soak, markdown: bool) -> str:
         f"peak {s['rss_peak_mib']:.0f}; open fds {s['fds_start']} -> {s['fds_end']} (peak {s['fds_peak']}); "
         f"CPU {s['cpu_pct']:.0f}% of a core.",
         f"- Machine: busy {c['busy_pct']:.0f}% of a core during the soak (server {c['server_pct']:.0f}%, "
-        f"load generators {c['clients_pct']:.0f}%, other processes {c['other_pct']:.0f}%); "
-        f"other processes just before: {c['before_pct']:.0f}%.",
+        f"load generators {c['clients_pct']:.0f}%, other processes {c['other_pct']:.0f}%; first / last window: "
+        f"server {c['server_first_pct']:.0f} / {c['server_last_pct']:.0f}%, other processes "
+        f"{c['other_first_pct']:.0f} / {c['other_last_pct']:.0f}%); other processes just before: {c['before_pct']:.0f}%.",
         *[f"- Failure: {f}" for f in soak.failures],
         f"- Server log during the soak: {soak.server_log['errors']} ERROR, {soak.server_log['warnings']} WARNING "
         f"lines, {soak.server_log['tracebacks']} tracebacks"
@@ -547,6 +562,9 @@ def series_table(soak: Soak, markdown: bool) -> str:
         return min(samples, key=lambda x: abs(x[0] - t))
 
     body.append(["server RSS MiB / fds", *[f"{at(w['stop'])[1]:.0f} / {at(w['stop'])[2]}" for w in windows]])
+    cpus = [window_cpu(samples, w["start"], w["stop"], soak.cpu["clients_pct"]) for w in windows]
+    body.append(["server CPU %", *[f"{c[0]:.0f}" for c in cpus]])
+    body.append(["other processes CPU %", *[f"{c[1]:.0f}" for c in cpus]])
     return tab(header, body)
 
 

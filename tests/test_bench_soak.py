@@ -63,7 +63,9 @@ def test_soak_mixed_load_reports_every_stream_without_errors(tmp_path: Path) -> 
     assert server["rss_peak_mib"] >= max(server["rss_start_mib"], server["rss_end_mib"])
     assert server["fds_peak"] >= max(server["fds_start"], server["fds_end"])
     assert server["cpu_pct"] > 0 and len(server["samples"]) >= 3
-    assert {"before_pct", "busy_pct", "server_pct", "clients_pct", "other_pct"} <= set(result["cpu"])
+    assert {"before_pct", "busy_pct", "server_pct", "clients_pct", "other_pct", "server_first_pct", "other_first_pct",
+            "server_last_pct", "other_last_pct"} == set(result["cpu"])
+    assert result["cpu"]["server_pct"] > 0 and result["cpu"]["server_first_pct"] > 0
     fair = {f["model"]: f for f in result["fairness"]}
     assert set(fair) == {"add", "resnetish", "small_classifier"}
     assert set(fair["add"]["ratio"]) == {"rest-json", "rest-binary"} and set(fair["resnetish"]["ratio"]) == {"rest-binary"}
@@ -75,6 +77,7 @@ def test_soak_mixed_load_reports_every_stream_without_errors(tmp_path: Path) -> 
     text = md.read_text()
     for out in (proc.stdout, text):
         assert "p50 ms first/last/all" in out and "gRPC / REST p50" in out and "server RSS MiB / fds" in out, out
+        assert "other processes CPU %" in out
         assert "requests, 0 errors; RSS" in out and "open fds" in out
     assert "- command: `python -m bench.soak --out" in text and "Quote: soak " in text
 
