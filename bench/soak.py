@@ -241,6 +241,7 @@ class Soak:
     server_log: dict = field(default_factory=dict)  # log_problems() of the soak's lines
     machine: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    code: str = ""  # code_version()
 
 
 def fairness(streams: list[StreamResult]) -> list[dict]:
@@ -350,7 +351,7 @@ def run(args: argparse.Namespace, command: str) -> Soak:
     return Soak(started.isoformat(timespec="seconds"), command, args.duration, args.window,
                 sum(s.concurrency for s in streams), extra, image_what, results, server_figs, cpu,
                 fairness(results), sum(r.errors for r in results), soak["failures"], log,
-                report.machine(), versions())
+                report.machine(), versions(), code_version())
 
 
 #: A traceback's last line: the exception and its message.
@@ -452,6 +453,20 @@ def collect(g: Generator) -> StreamResult:
     r.first, r.last, r.all, r.series = w["first"], w["last"], w["all"], w["series"]
     r.count, r.errors, r.error_kinds = w["all"]["count"], w["all"]["errors"], w["all"]["error_kinds"]
     return r
+
+
+def code_version() -> str:
+    """The checkout's commit, and whether server/ had changes not committed (the code measured)."""
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown"
+    return commit + (" with uncommitted changes in server/" if git("status", "--porcelain", "--", "server") else "")
 
 
 def versions() -> dict[str, str]:
@@ -575,7 +590,7 @@ def document(soak: Soak) -> str:
         f"# ovserve soak, {when.strftime('%Y-%m-%d %H:%M UTC')}",
         "",
         f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}; Python {m['python']}",
-        f"- software: {', '.join(f'{k} {v}' for k, v in soak.versions.items())}",
+        f"- software: {', '.join(f'{k} {v}' for k, v in soak.versions.items())}; code {soak.code}",
         f"- command: `{soak.command}`",
         f"- {soak.duration:g} s, {soak.concurrency} requests in flight in closed loops, windows of {soak.window:g} s"
         + (f"; ovserve args `{shlex.join(soak.ovserve_args)}`" if soak.ovserve_args else ""),
