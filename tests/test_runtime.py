@@ -432,3 +432,24 @@ def test_an_internal_failure_recompiles_at_most_once_per_interval(tmp_path: Path
         return generations
 
     assert asyncio.run(main()) == [1, 1, 1, 1]
+
+
+def test_the_failure_watch_runs_on_uvloop_with_sub_millisecond_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop's call_at gives a plain Handle (no ``when()``) for a delay under a millisecond; the
+    watch once asked it ``when()`` and failed requests with AttributeError under load."""
+    uvloop = pytest.importorskip("uvloop")
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)
+    monkeypatch.setattr(rt, "INLINE_WHOLE_MACHINE_BELOW_S", 0.0)
+    monkeypatch.setattr(rt, "CHECK_MIN_S", 2e-4)
+    monkeypatch.setattr(rt, "CHECK_AFTER_COSTS", 0.0)
+    model = _load(tmp_path, models.two_in_two_out(), nireq=2)
+
+    async def main() -> list:
+        assert not hasattr(asyncio.get_running_loop().call_at(asyncio.get_running_loop().time() + 1e-4, lambda: None),
+                           "when"), "this uvloop gives TimerHandles: the case is gone"
+        xs = [_pair_inputs(2, 2 + (i % 3 == 0), i) for i in range(60)]
+        return await asyncio.wait_for(asyncio.gather(*(model.infer(x) for x in xs), return_exceptions=True), 30)
+
+    results = uvloop.run(main())
+    assert [type(r).__name__ for r in results if not isinstance(r, dict)] == ["InvalidInput"] * 20
+    assert len(model._idle) == 2

@@ -279,7 +279,10 @@ class OpenVINOModel:
         self._waiters: deque[asyncio.Future] = deque()
         self._completions: _Completions | None = None
         #: the next look at running inferences for failures (see CHECK_AFTER_COSTS)
-        self._watch: asyncio.TimerHandle | None = None
+        self._watch: asyncio.Handle | None = None
+        #: loop time ``_watch`` is due (uvloop's call_at gives a plain Handle without ``when()``
+        #: for a delay under a millisecond)
+        self._watch_due = 0.0
         #: compiling afresh after an internal failure (see RECOMPILE_EVERY_S): idle
         #: infer requests are held back meanwhile, and requests wait
         self._recompiling: asyncio.Task | None = None
@@ -482,10 +485,11 @@ class OpenVINOModel:
         slot.stall_logged = False
         watch = self._watch
         # One timer per model: moved earlier only when this inference is due well before it.
-        if watch is None or watch.when() > due + CHECK_MIN_S:
+        if watch is None or self._watch_due > due + CHECK_MIN_S:
             if watch is not None:
                 watch.cancel()
             self._watch = loop.call_at(due, self._sweep)
+            self._watch_due = due
 
     def _sweep(self) -> None:
         """Ask the running inferences that are due whether they failed; fail those that did."""
@@ -517,6 +521,7 @@ class OpenVINOModel:
             soonest = min(soonest, slot.check_at)
         if soonest != float("inf") and self._compiled is not None:
             self._watch = loop.call_at(soonest, self._sweep)
+            self._watch_due = soonest
 
     def _failed(self, slot: _Slot, exc: BaseException) -> ServerError:
         """The client's error for an inference OpenVINO failed on ``slot`` (logged once, here).
