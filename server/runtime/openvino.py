@@ -135,16 +135,6 @@ def _apply_options(model: ov.Model, opts: LoadOptions) -> ov.Model:
     return model
 
 
-def _one_stream_on_every_cpu(compiled: ov.CompiledModel, usable_cpus: int) -> bool:
-    """Whether the compiled model runs one stream whose threads cover every CPU we may use."""
-    try:
-        streams = int(compiled.get_property("NUM_STREAMS"))
-        threads = int(compiled.get_property("INFERENCE_NUM_THREADS"))
-    except Exception:  # a device without these properties (GPU, AUTO...): keep inferences off the loop
-        return False
-    return streams == 1 and threads >= usable_cpus
-
-
 def find_model_file(version_dir: Path) -> Path:
     """The model file in a version folder: model.xml/.onnx first, else the only one."""
     for name in ("model.xml", "model.onnx"):
@@ -160,16 +150,13 @@ def find_model_file(version_dir: Path) -> Path:
 
 #: A model whose inferences take less than this runs them inline on the event
 #: loop: a thread hop, a GIL hand-off and a loop wake-up cost more than the
-#: inference itself (measured in bench/: add REST JSON c16 +60-90%).
+#: inference itself (measured in bench/: add REST JSON c16 +60-90%). A longer
+#: inference never runs inline, however the model is compiled: the loop would
+#: answer nothing else meanwhile, and under mixed load one model's
+#: milliseconds-long inferences starved every other model, and the transport
+#: that needs the most loop turns per request (grpcio: p50 3-5x REST's;
+#: docs/performance.md "Soak").
 INLINE_BELOW_S = 150e-6
-#: ... and a model whose one stream already runs on every CPU the process may use
-#: (the LATENCY hint on a small machine) runs inferences up to this long inline:
-#: work overlapped with such an inference only takes a core from OpenVINO's
-#: threads, which then wait for it at every layer, and the completion callback
-#: stalls the stream until it gets the GIL. Serial is faster there (resnetish,
-#: 2 cores, gRPC c4 +7..17%, c16 +9..16%, p99 -10..26%: docs/performance.md).
-#: The loop is blocked for at most this long per inference.
-INLINE_WHOLE_MACHINE_BELOW_S = 10e-3
 #: Weight of the newest measurement in the running estimate of an inference's duration.
 _EWMA = 0.2
 
@@ -262,10 +249,9 @@ class OpenVINOModel:
 
     ``infer`` takes an idle request (or waits for one), feeds the request's
     arrays as shared ``ov.Tensor``s (read-only or strided ones copied once),
-    and either starts it
-    asynchronously and awaits its completion, or, for a model whose inferences
-    take microseconds (a few milliseconds when its one stream fills every CPU),
-    runs it inline on the loop thread with the GIL released.
+    and either starts it asynchronously and awaits its completion, or, for a
+    model whose inferences take microseconds, runs it inline on the loop thread
+    with the GIL released.
     """
 
     def __init__(self, path: Path, options: LoadOptions) -> None:
@@ -291,14 +277,12 @@ class OpenVINOModel:
         self.compile_seconds = 0.0
         #: running estimate of one inference's duration (seconds); None until measured
         self.cost: float | None = None
-        #: inferences whose running cost is below this run inline on the loop
-        self.inline_below = INLINE_BELOW_S
         self.nireq = 0
         self.batcher: Any = None
 
     # -- loading (blocking; the repository runs it in a worker thread) -----
     def load(self) -> None:
-        compiled, budget = self._compile()
+        compiled = self._compile()
         opts = self.options
         self.inputs = [self._port(p, i, "input") for i, p in enumerate(compiled.inputs)]
         self.outputs = [self._port(p, i, "output") for i, p in enumerate(compiled.outputs)]
@@ -307,10 +291,6 @@ class OpenVINOModel:
         self._compiled = compiled
         self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
         self._idle = deque(self._slots)
-        # A batcher overlaps gathering the next batch with the running one: keep
-        # that (inline batches measured no faster).
-        whole_machine = opts.max_batch_size <= 1 and _one_stream_on_every_cpu(compiled, budget.usable)
-        self.inline_below = INLINE_WHOLE_MACHINE_BELOW_S if whole_machine else INLINE_BELOW_S
         if opts.max_batch_size > 1:
             from .batching import DynamicBatcher, batchable  # noqa: PLC0415 - only for models that batch
 
@@ -319,8 +299,8 @@ class OpenVINOModel:
                 raise FailedPrecondition(f"max_batch_size {opts.max_batch_size}: {why_not}")
             self.batcher = DynamicBatcher(self, opts.max_batch_size, opts.max_queue_delay_us)
 
-    def _compile(self) -> tuple[ov.CompiledModel, cpus.CpuBudget]:
-        """Read, reshape and compile the model file (blocking): the compiled model and the CPU budget."""
+    def _compile(self) -> ov.CompiledModel:
+        """Read, reshape and compile the model file (blocking)."""
         started = time.perf_counter()
         opts = self.options
         try:
@@ -335,15 +315,14 @@ class OpenVINOModel:
             raise FailedPrecondition(f"cannot apply shape/layout/batch_size: {_first_line(exc)}") from None
         config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO") for k, v in opts.plugin_config.items()}
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
-        budget = cpus.cpu_budget()  # read once per load
         if opts.device == "CPU" and "INFERENCE_NUM_THREADS" not in config:
-            self._fit_threads_to_quota(config, budget)
+            self._fit_threads_to_quota(config, cpus.cpu_budget())
         try:
             compiled = core().compile_model(model, opts.device, config)
         except Exception as exc:
             raise FailedPrecondition(f"cannot compile for {opts.device}: {_first_line(exc)}") from None
         self.compile_seconds = time.perf_counter() - started
-        return compiled, budget
+        return compiled
 
     def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""
@@ -404,7 +383,7 @@ class OpenVINOModel:
             self.release(slot)
             raise
         cost = self.cost
-        if cost is not None and cost < self.inline_below:
+        if cost is not None and cost < INLINE_BELOW_S:
             return self._run_inline(slot)
         loop = asyncio.get_running_loop()
         completions = self._completions
@@ -561,7 +540,7 @@ class OpenVINOModel:
         """
         log.warning("%s: compiling the model afresh after an internal inference failure", self.path)
         try:
-            compiled, _ = await asyncio.get_running_loop().run_in_executor(None, self._compile)
+            compiled = await asyncio.get_running_loop().run_in_executor(None, self._compile)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
