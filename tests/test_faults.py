@@ -19,7 +19,6 @@ import json
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -30,7 +29,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
-from .conftest import EXACT, ServerProcess
+from .conftest import ServerProcess
 
 TIMEOUT = 15  # seconds for every request: a hang fails the test instead of wedging it
 #: rounds of (bad, good) per case: more than any model here has infer requests
@@ -70,15 +69,6 @@ def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         yield proc.wait_ready()
     finally:
         proc.stop()
-
-
-@pytest.fixture(scope="module")
-def stub(fault_server: ServerProcess) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    channel = grpc.insecure_channel(fault_server.grpc_target)
-    try:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
-    finally:
-        channel.close()
 
 
 def _pair(rows_a: int, rows_b: int, width: int = 4, seed: int = 0) -> dict[str, np.ndarray]:

@@ -455,6 +455,25 @@ def test_every_policy_follows_the_disk_both_ways(tmp_path: Path, start_server) -
                     assert infer(server, model, X, v).status_code == 503
 
 
+def slow_calls_in_flight(server: ServerProcess, x: np.ndarray, count: int = 6) -> tuple[list[Any], list[threading.Thread]]:
+    """``count`` binary inferences of ``x`` on model ``s``, each on a thread, started and given
+    0.2 s to reach the server (with --nireq 1 they are served one at a time: about 2 s of work).
+    Each result is the answer, the exception it raised, or None while it is in flight."""
+    results: list[Any] = [None] * count
+
+    def call(i: int) -> None:
+        try:
+            results[i] = binary_infer(server.url, "s", x)
+        except Exception as exc:  # reported by the caller
+            results[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    return results, threads
+
+
 def test_in_flight_requests_finish_when_their_version_is_deleted(tmp_path: Path, start_server) -> None:
     repo = tmp_path / "repo"
     put_version(slow(1), repo / "s", 1)
@@ -462,18 +481,7 @@ def test_in_flight_requests_finish_when_their_version_is_deleted(tmp_path: Path,
     put_version(slow(2), repo / "s", 2)
     wait_until(lambda: states(server, "s") == {"1": "END", "2": "AVAILABLE"}, "version 2", server)
     x = np.random.default_rng(4).standard_normal((512, SLOW_K)).astype(np.float32)
-    results: list[Any] = [None] * 6  # served one at a time: about 2 s of work
-
-    def call(i: int) -> None:
-        try:
-            results[i] = binary_infer(server.url, "s", x)
-        except Exception as exc:  # reported below
-            results[i] = exc
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
-    for t in threads:
-        t.start()
-    time.sleep(0.2)
+    results, threads = slow_calls_in_flight(server, x)
     shutil.rmtree(repo / "s" / "2")
     server.wait_log(r"model s version 2: UNLOADING", timeout=20)
     assert sum(r is None for r in results) >= 2, "too few requests in flight when version 2 began unloading"
@@ -599,18 +607,7 @@ def test_in_flight_requests_finish_across_a_version_switch(tmp_path: Path, start
     put_version(slow(1), repo / "s", 1)
     server = start_server("--model-repository", repo, "--nireq", "1", *POLL, *EXACT)
     x = np.random.default_rng(3).standard_normal((512, SLOW_K)).astype(np.float32)
-    results: list[Any] = [None] * 6  # served one at a time: about 2 s of work
-
-    def call(i: int) -> None:
-        try:
-            results[i] = binary_infer(server.url, "s", x)
-        except Exception as exc:  # reported below
-            results[i] = exc
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
-    for t in threads:
-        t.start()
-    time.sleep(0.2)
+    results, threads = slow_calls_in_flight(server, x)
     put_version(slow(2), repo / "s", 2)
     server.wait_log(r"model s version 1: UNLOADING", timeout=20)
     log_then = server.log

@@ -505,16 +505,13 @@ class OpenVINOModel:
     def _failed(self, slot: _Slot, exc: BaseException) -> ServerError:
         """The client's error for an inference OpenVINO failed on ``slot`` (logged once, here).
 
-        The failed ``ov.InferRequest`` is replaced by a fresh one: the CPU plugin can keep a
-        failure's state and fail every later inference of the same input shapes on that
-        request (seen with an allocation that failed), which would hand one client's
-        failure to the next clients.
+        The infer request itself can be used again (OpenVINO resets it at the next start);
+        after a failure that was not the inputs' shapes, the whole compiled model is
+        replaced (see RECOMPILE_EVERY_S).
         """
         keep = slot.keep or []
         err = inference_error(exc, [(p.name, tuple(a.shape)) for p, a in zip(self.inputs, keep)])
         slot.keep = None
-        if self._compiled is not None:
-            self._renew(slot)
         if slot.log_failure:
             log.log(logging.WARNING if isinstance(err, InvalidInput) else logging.ERROR, "%s: %s", self.path, err.message)
             err.logged = True
