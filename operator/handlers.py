@@ -1,7 +1,7 @@
 """Thin kopf handlers: read, call the pure builders, let ``apply`` write.
 
 ``memo.cluster`` (an ``apply.Cluster``), ``memo.config`` (a
-``manifests.Config``) and ``memo.known`` (a ``resync.Known``) are set by ``main``.
+``config.Config``) and ``memo.known`` (a ``resync.Known``) are set by ``main``.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import kopf
 from . import manifests, status, validation
 from . import names as n
 from .apply import ApiError, Cluster
+from .config import Config
 
 ISVC = (n.GROUP, n.VERSION, n.PLURAL)
 CHILD_LABELS = {n.MANAGED_BY_LABEL: n.MANAGER, n.ISVC_LABEL: kopf.PRESENT}
@@ -64,7 +65,7 @@ def sync_status(cluster: Cluster, namespace: str, name: str, generation: int | N
                 raise
 
 
-def reconcile(isvc: dict, cluster: Cluster, config: manifests.Config) -> None:
+def reconcile(isvc: dict, cluster: Cluster, config: Config) -> None:
     meta = isvc["metadata"]
     generation = meta.get("generation")
     try:

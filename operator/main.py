@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from . import handlers  # noqa: F401  (registers the handlers)
     from .apply import Cluster
-    from .manifests import Config
+    from .config import Config
     from .resync import Known
 
     kopf.configure(verbose=args.verbose, debug=args.debug, log_prefix=True)  # lines name their object

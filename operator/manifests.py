@@ -7,20 +7,10 @@ apply module makes the cluster match it. Input is assumed valid
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 from . import names as n
 from . import pods
-
-
-@dataclass(frozen=True)
-class Config:
-    """Operator-wide settings the builders need."""
-
-    #: image of the ovserve server, also used for the storage-initializer init container
-    image: str = "ovserve:latest"
-    #: pull policy for that image ("" leaves the cluster's default)
-    image_pull_policy: str = ""
+from .config import Config
 
 
 def owner_reference(isvc: dict) -> dict:

@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import copy
 import posixpath
-from typing import TYPE_CHECKING
 
 from . import names as n
+from .config import Config
 from .storage_uri import plan
-
-if TYPE_CHECKING:
-    from .manifests import Config
 
 POD_FIELDS = ("serviceAccountName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
               "securityContext", "priorityClassName")
@@ -45,7 +42,7 @@ def _probe(path: str, period: int, failures: int) -> dict:
             "timeoutSeconds": 5, "failureThreshold": failures}
 
 
-def _storage(uri: str, cfg: "Config") -> tuple[str, list[dict], list[dict], list[dict]]:
+def _storage(uri: str, cfg: Config) -> tuple[str, list[dict], list[dict], list[dict]]:
     """(model path, server mounts, init containers, volumes) for a storageUri."""
     where = plan(uri)
     if where.kind == "pvc":
@@ -67,7 +64,7 @@ def _storage(uri: str, cfg: "Config") -> tuple[str, list[dict], list[dict], list
     return n.MODEL_MOUNT, server_mounts, [init], volumes
 
 
-def ovserve_container(isvc: dict, cfg: "Config") -> tuple[dict, list[dict], list[dict]]:
+def ovserve_container(isvc: dict, cfg: Config) -> tuple[dict, list[dict], list[dict]]:
     """The ovserve server container of a ``model`` predictor, its init containers and volumes."""
     model = isvc["spec"]["predictor"]["model"]
     model_path, mounts, inits, volumes = _storage(model["storageUri"], cfg)
@@ -122,7 +119,7 @@ def user_containers(isvc: dict, component: str) -> list[dict]:
     return containers
 
 
-def pod_spec(isvc: dict, component: str, cfg: "Config") -> dict:
+def pod_spec(isvc: dict, component: str, cfg: Config) -> dict:
     spec = isvc["spec"][component]
     if component == "predictor" and is_ovserve(spec):
         container, inits, volumes = ovserve_container(isvc, cfg)

@@ -29,6 +29,7 @@ import kopf
 
 from . import manifests, validation
 from .apply import ApiError, Cluster
+from .config import Config
 from .handlers import reconcile, sync_status
 
 log = logging.getLogger("ovserve.operator.resync")
@@ -65,7 +66,7 @@ def drift(existing: list[dict], desired: list[dict], owner_uid: str) -> list[str
     return missing + extra
 
 
-def check(cluster: Cluster, config: manifests.Config, known: Known, namespace: str, name: str) -> list[str]:
+def check(cluster: Cluster, config: Config, known: Known, namespace: str, name: str) -> list[str]:
     """Reconcile one InferenceService if its children drifted, else refresh its status; what drifted."""
     isvc = cluster.get_isvc(namespace, name)
     if isvc is None:  # its DELETED event was lost too
@@ -87,7 +88,7 @@ def check(cluster: Cluster, config: manifests.Config, known: Known, namespace: s
     return found
 
 
-def once(cluster: Cluster, config: manifests.Config, known: Known) -> None:
+def once(cluster: Cluster, config: Config, known: Known) -> None:
     """One pass over every known InferenceService; one failing does not stop the others."""
     for namespace, name in known.snapshot():
         try:
@@ -99,7 +100,7 @@ def once(cluster: Cluster, config: manifests.Config, known: Known) -> None:
             log.exception("[%s/%s] resync failed", namespace, name)
 
 
-async def forever(cluster: Cluster, config: manifests.Config, known: Known, interval: float) -> None:
+async def forever(cluster: Cluster, config: Config, known: Known, interval: float) -> None:
     """``once`` every ``interval`` seconds, in a thread (the API calls block), until cancelled."""
     while True:
         await asyncio.sleep(interval)

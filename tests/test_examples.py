@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ovserve.operator import manifests, validation
-from ovserve.operator.manifests import Config
+from ovserve.operator.config import Config
 
 from .test_operator_crd import VALIDATOR
 

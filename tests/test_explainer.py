@@ -324,12 +324,13 @@ def test_the_operator_wiring_of_the_example_starts_the_explainer(predictor):
     import yaml
 
     from ovserve.operator import manifests, validation
+    from ovserve.operator.config import Config
     from ovserve.server.cli import build_parser
 
     isvc = yaml.safe_load((Path(__file__).parents[1] / "examples/explainer/isvc.yaml").read_text())
     isvc["metadata"].update(namespace="ml", uid="uid-cat", generation=1)
     validation.check(isvc)
-    children = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, manifests.Config())}
+    children = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, Config())}
     (container,) = children[("Deployment", "cat-classifier-explainer")]["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     ns = build_parser().parse_args(args)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ovserve.operator import manifests
-from ovserve.operator.manifests import Config
+from ovserve.operator.config import Config
 
 DATA = Path(__file__).parent / "data/isvc"
 EXAMPLES = sorted(p.stem for p in DATA.glob("*.yaml"))

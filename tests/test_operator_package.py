@@ -23,7 +23,7 @@ def test_import_operator_from_the_repo_root_is_the_standard_library() -> None:
 
 
 def test_the_package_imports_from_anywhere(tmp_path: Path) -> None:
-    modules = ["names", "storage_uri", "manifests", "pods", "status", "validation", "apply", "handlers", "main"]
+    modules = ["names", "storage_uri", "config", "manifests", "pods", "status", "validation", "apply", "handlers", "main"]
     out = run("import importlib; print(*[importlib.import_module('ovserve.operator.' + m).__file__ for m in "
               f"{modules!r}])", tmp_path)
     assert all(Path(f).parent == ROOT / "operator" for f in out.split())
@@ -50,6 +50,6 @@ def test_only_apply_talks_to_the_api() -> None:
 
 
 def test_builders_are_free_of_frameworks() -> None:
-    for name in ("names.py", "storage_uri.py", "manifests.py", "pods.py", "status.py", "validation.py"):
+    for name in ("names.py", "storage_uri.py", "config.py", "manifests.py", "pods.py", "status.py", "validation.py"):
         assert not imported(ROOT / "operator" / name) - {"__future__", "copy", "posixpath", "re", "dataclasses",
                                                           "urllib", "typing"}, name

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from ovserve.operator import manifests, validation
-from ovserve.operator.manifests import Config
+from ovserve.operator.config import Config
 from ovserve.operator.storage_uri import BadStorageUri, plan as storage_plan
 from ovserve.server import run_plan
 from ovserve.server.run_plan import RunError
