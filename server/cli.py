@@ -25,7 +25,8 @@ _COMPONENTS = {
     "storage-initializer": ".storage",
     "transformer": ".components.transformer_server",
     "explainer": ".components.explainer",
-    "run": ".run",
+    # the local runner lives with the operator's builders it executes: dispatched by name, never imported here
+    "run": "ovserve.operator.local.command",
 }
 SWITCH_INTERVAL = 0.0005
 
@@ -175,9 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return transformer_main(ns)
     if ns.command == "run":
-        from .run import main as run_main
-
-        return run_main(ns)
+        return importlib.import_module(_COMPONENTS["run"]).main(ns)
     if ns.command == "explainer":
         from .components.explainer import main as explainer_main
 

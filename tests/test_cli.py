@@ -50,6 +50,7 @@ def test_serve_does_not_import_the_other_components() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     loaded = set(done.stdout.split())
-    for module in ("ovserve.server.storage", "ovserve.server.run", "ovserve.server.components.transformer_server",
-                   "ovserve.server.components.explainer", "aiohttp", "yaml"):
+    for module in ("ovserve.server.storage", "ovserve.operator.local.command", "ovserve.operator.local.processes",
+                   "ovserve.server.components.transformer_server", "ovserve.server.components.explainer",
+                   "aiohttp", "yaml"):
         assert module not in loaded

@@ -1,13 +1,13 @@
 """Property-based tests (hypothesis) of what turns an InferenceService into objects and processes:
 the operator's pure builders (``operator/validation.py``, ``manifests.py``, ``pods.py``,
-``storage_uri.py``) and ``ovserve run``'s reader and planner (``server/run_plan.py``).
+``storage_uri.py``) and ``ovserve run``'s reader and planner (``operator/local/plan.py``).
 
 - A valid InferenceService, drawn from the real shapes of its fields, passes the operator's
   validation and gives children that are valid Kubernetes objects (``kubernetes-validate``,
   strict), the same every time; ``ovserve run`` plans it or refuses it with its one error.
 - Anything else (a valid document with one field replaced by a value of another type, a huge
   number, a key removed; a document that is not a mapping at all) ends in the documented error
-  only: ``validation.Invalid`` (the operator's ``InvalidSpec``), ``run_plan.RunError``; never a
+  only: ``validation.Invalid`` (the operator's ``InvalidSpec``), ``local_plan.RunError``; never a
   KeyError, TypeError, AttributeError, ValueError or RecursionError.
 - ``ovserve run FILE`` on bytes that are not an InferenceService (not UTF-8, not YAML, not a
   mapping, nested thousands deep, huge numbers) exits 2 with one line and no traceback.
@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from ovserve.operator import manifests, validation
 from ovserve.operator.config import Config
+from ovserve.operator.local import plan as local_plan
+from ovserve.operator.local.plan import RunError
 from ovserve.operator.storage_uri import BadStorageUri, plan as storage_plan
-from ovserve.server import run_plan
-from ovserve.server.run_plan import RunError
 
 CFG = Config(image="registry.example.com/ovserve:0.1.0", image_pull_policy="IfNotPresent")
 K8S_VERSION = "1.31"
@@ -231,14 +231,14 @@ def test_the_operator_resync_sees_no_drift_in_what_it_built(isvc: dict, hpa: str
 @FAST
 @given(isvc=inference_service())
 def test_run_plans_a_valid_spec_or_says_why_not(isvc: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
-    prepared = run_plan.prepare(isvc)
+    prepared = local_plan.prepare(isvc)
     workdir = tmp_path_factory.mktemp("plan")
     try:
-        first = run_plan.plan(prepared, workdir)
+        first = local_plan.plan(prepared, workdir)
     except RunError as exc:
         assert str(exc)
         return
-    assert run_plan.plan(prepared, workdir) == first
+    assert local_plan.plan(prepared, workdir) == first
     assert [c.name for c in first][0] == "predictor"
 
 
@@ -261,7 +261,7 @@ def refused_or_built(doc: object) -> None:
 def run_refused_or_planned(doc: object, workdir: Path) -> None:
     """``ovserve run``'s view: ``RunError`` with a message, or a plan."""
     try:
-        run_plan.plan(run_plan.prepare(doc), workdir)  # type: ignore[arg-type]
+        local_plan.plan(local_plan.prepare(doc), workdir)  # type: ignore[arg-type]
     except RunError as exc:
         assert str(exc)
         event(f"run: RunError {'invalid' if str(exc).startswith('invalid') else 'from the plan'}")
@@ -338,7 +338,7 @@ def test_a_wrong_type_is_refused_naming_the_field(path: str, value: object, mess
         validation.check(with_value(path, value))
     assert str(err.value).startswith(message)
     with pytest.raises(RunError) as err:  # ovserve run says the same, before anything starts
-        run_plan.prepare(with_value(path, value))
+        local_plan.prepare(with_value(path, value))
     assert str(err.value) == f"invalid InferenceService: {message}" or str(err.value).startswith(
         f"invalid InferenceService: {message}")
 
@@ -364,11 +364,11 @@ def test_ovserve_run_checks_the_pod_fields_it_reads(key: str, value: object, mes
     doc["spec"]["transformer"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
     validation.check(doc)  # the operator passes these fields through; the API server would judge them
     if not message:  # a named port that does not exist: the probe falls back to the REST port
-        (_, transformer) = run_plan.plan(run_plan.prepare(doc), tmp_path)
+        (_, transformer) = local_plan.plan(local_plan.prepare(doc), tmp_path)
         assert transformer.main.readiness.port == transformer.main.rest_port
         return
     with pytest.raises(RunError) as err:
-        run_plan.plan(run_plan.prepare(doc), tmp_path)
+        local_plan.plan(local_plan.prepare(doc), tmp_path)
     assert str(err.value).startswith(message)
 
 
@@ -396,7 +396,7 @@ def test_the_yaml_reader_refuses_what_is_not_an_inference_service(raw: bytes, tm
     path = tmp_path_factory.mktemp("yaml") / "isvc.yaml"
     path.write_bytes(raw)
     try:
-        doc = run_plan.load(path)
+        doc = local_plan.load(path)
     except RunError as exc:
         assert str(exc).startswith(str(path))
         return

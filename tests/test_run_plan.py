@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ovserve.server.run_plan import RunError, load, local_args, plan, prepare, strip_flags
+from ovserve.operator.local.plan import RunError, load, local_args, plan, prepare, strip_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = [sys.executable, "-m", "ovserve.server"]

@@ -1,35 +1,35 @@
-"""``ovserve run FILE``: run an InferenceService's pods as local processes, no cluster needed.
+"""``ovserve run``, the process half: start, watch and stop the processes of a plan.
 
 The plan (which processes, with which commands, env, folders and probes) comes
-from :mod:`.run_plan`, i.e. from the operator's own pod builders. This module
-starts the processes in pod order (init containers, then the main container;
-predictor, then transformer and explainer wired to it), waits on the probes
-the pod declares, streams every log line with its component's name, and stops
-everything on Ctrl-C, SIGTERM, or when one process dies. docs/run.md has the
+from :mod:`.plan`, i.e. from the operator's own pod builders. The
+:class:`Supervisor` starts the processes in pod order (init containers, then the
+main container; predictor, then transformer and explainer wired to it), waits on
+the probes the pod declares, streams every log line with its component's name,
+and stops everything on Ctrl-C, SIGTERM, or when one process dies. Each server
+announces its ports with the server's own log line, read back with
+``ovserve.server.ports.BoundPorts`` (the one parser of it). docs/run.md has the
 details.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import ctypes
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import IO
 
-from .ports import BoundPorts
-from .run_plan import Component, Probe, Proc, RunError, entry_component, load, local_args, plan, prepare
+from ovserve.server.ports import BoundPorts
+
+from ..pods import is_ovserve
+from .plan import Component, Probe, Proc, RunError, entry_component, local_args
 
 HOST = "127.0.0.1"
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
@@ -39,7 +39,6 @@ POLL = 0.1  # probes are polled this often, faster than their periodSeconds (doc
 KEEP_LINES = 40
 #: Probes and status checks go straight to 127.0.0.1, never through an HTTP proxy from the environment.
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 class Stopped(Exception):
@@ -66,7 +65,7 @@ class Running:
         for line in self.popen.stdout:
             self.lines.append(line)
             self.ports.feed(line)
-            _say(self._out, prefix + line.rstrip("\n"))  # never stops draining the pipe, or the child would block
+            say(self._out, prefix + line.rstrip("\n"))  # never stops draining the pipe, or the child would block
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -92,7 +91,7 @@ class Running:
 _say_lock = threading.Lock()
 
 
-def _say(stream: IO[str], line: str) -> None:
+def say(stream: IO[str], line: str) -> None:
     """One whole line, from any thread; a closed stream (``ovserve run | head``) is not an error."""
     with _say_lock:
         try:
@@ -134,7 +133,9 @@ def _load_failure(base: str, name: str) -> str:
         return body.decode(errors="replace").strip()
 
 
-class Runner:
+class Supervisor:
+    """The processes of one ``ovserve run``: started in pod order, watched, stopped in reverse."""
+
     def __init__(self, isvc: dict, components: list[Component], http_port: int, out: IO[str], err: IO[str]) -> None:
         self.isvc, self.components, self.http_port = isvc, components, http_port
         self.out, self.err = out, err
@@ -263,11 +264,9 @@ class Runner:
         line = f"{component.name}: http://{HOST}:{r.ports.rest}"
         if r.ports.grpc and self._wants_grpc(r.spec):
             line += f" grpc://{HOST}:{r.ports.grpc}"
-        _say(self.out, line)
+        say(self.out, line)
 
     def start(self) -> None:
-        from ovserve.operator.pods import is_ovserve
-
         predictor: Running | None = None
         for component in self.components:
             for folder in component.folders:
@@ -282,7 +281,7 @@ class Runner:
             self._announce(component, r)
         entry = next(r for r in self.running if r.spec.component == self.entry)
         name = self.isvc["metadata"]["name"]
-        _say(self.out, f"model: {name} (POST http://{HOST}:{entry.ports.rest}/v2/models/{name}/infer); "
+        say(self.out, f"model: {name} (POST http://{HOST}:{entry.ports.rest}/v2/models/{name}/infer); "
              "Ctrl-C stops everything")
 
     # -- run and stop -------------------------------------------------------------
@@ -301,57 +300,7 @@ class Runner:
             try:
                 r.popen.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _say(self.err, f"ovserve run: {r.spec.label} ignored SIGTERM for {STOP_GRACE:.0f}s: killing it")
+                say(self.err, f"ovserve run: {r.spec.label} ignored SIGTERM for {STOP_GRACE:.0f}s: killing it")
                 r.signal(signal.SIGKILL)
                 r.popen.wait(5)
             r.finish()
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "run", help="run an InferenceService YAML as local processes (no cluster needed)",
-        description="Run the InferenceService in FILE the way the operator would, as local processes: the "
-        "storage initializer, the predictor, then the transformer and explainer wired to it, each on a free "
-        "port of 127.0.0.1. Ctrl-C stops them all.")
-    p.add_argument("file", type=Path, metavar="FILE", help="the InferenceService, as for kubectl apply")
-    p.add_argument("--http-port", "--http_port", dest="http_port", type=int, default=0, metavar="N",
-                   help="REST port of the entry component (the transformer if there is one, else the "
-                   "predictor); default: a free port")
-
-
-def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    out, err = out or sys.stdout, err or sys.stderr
-    if not 0 <= ns.http_port <= 65535:
-        print(f"ovserve run: error: --http-port {ns.http_port} is not a port", file=err)
-        return EXIT_USAGE
-    workdir = Path(tempfile.mkdtemp(prefix="ovserve-run-"))
-    runner: Runner | None = None
-    previous = {}
-    failure, code = "", 0
-    try:
-        isvc = prepare(load(ns.file))
-        components = plan(isvc, workdir)
-    except RunError as exc:
-        shutil.rmtree(workdir, ignore_errors=True)
-        _say(err, f"ovserve run: error: {exc}")
-        return EXIT_USAGE
-    try:
-        runner = Runner(isvc, components, ns.http_port, out, err)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, runner.on_signal)
-        runner.start()
-        runner.watch()
-    except Stopped:
-        pass
-    except RunError as exc:
-        failure, code = str(exc), EXIT_FAILED
-    finally:
-        _say(err, "ovserve run: stopping")
-        if runner is not None:
-            runner.shutdown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        shutil.rmtree(workdir, ignore_errors=True)
-    if failure:  # last, after the logs of the shutdown, so it is what the user sees
-        _say(err, f"ovserve run: error: {failure}")
-    return code

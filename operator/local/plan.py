@@ -1,11 +1,12 @@
 """``ovserve run``, the pure half: an InferenceService -> the local processes that stand in for its pods.
 
-The pod specs come from the operator's own builders (``ovserve.operator.pods``),
-so what runs here is what a cluster would run. Each container becomes a
-:class:`Proc`: its ``ovserve ...`` command turned into ``python -m
-ovserve.server ...``, its volume mounts rewritten to local folders, its env, and
-the flags that :mod:`.run` sets at start time (ports, the predictor's address)
-taken out. Nothing here starts a process.
+The pod specs come from the operator's own builders (``..pods``), so what runs
+here is what a cluster would run. Each container becomes a :class:`Proc`: its
+``ovserve ...`` command turned into ``python -m ovserve.server ...``, its volume
+mounts rewritten to local folders, its env, and the flags that
+:mod:`.processes` sets at start time (ports, the predictor's address) taken out.
+Nothing here starts a process. Like the builders, nothing here needs kopf or the
+Kubernetes client: ``ovserve run`` works with the base install.
 """
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import names, pods, validation
+from ..config import Config
+
 NAMESPACE = "default"
 #: The image's entrypoint and default arguments (Dockerfile.server), for containers that give no command.
 IMAGE_ENTRYPOINT = ["ovserve"]
 IMAGE_CMD = ["serve", "--model-repository", "/mnt/models"]
 SERVERS = ("serve", "transformer", "explainer")
-#: Flags ``run`` sets itself, per subcommand (each also accepted with dashes and as ``--flag=value``).
+#: Flags ``ovserve run`` sets itself, per subcommand (each also accepted with dashes and as ``--flag=value``).
 SET_BY_RUN = {
     "serve": ("--host", "--rest-port", "--grpc-port"),
     "transformer": ("--host", "--http_port", "--grpc_port", "--predictor_host"),
@@ -46,12 +50,12 @@ class Probe:
 
 @dataclass
 class Proc:
-    """One container as a local process (before ``run`` adds its ports)."""
+    """One container as a local process (before :mod:`.processes` adds its ports)."""
 
     component: str
     container: str
     image: str
-    argv: list[str]  # python -m ovserve.server SUBCOMMAND ... (without the flags run sets)
+    argv: list[str]  # python -m ovserve.server SUBCOMMAND ... (without the flags ovserve run sets)
     env: dict[str, str]
     subcommand: str
     rest_port: int = 0  # container ports (as the pod declares them)
@@ -116,8 +120,6 @@ def _yaml_problem(exc: Exception) -> str:
 
 def prepare(isvc: object) -> dict:
     """What the API server would add (namespace, uid), then the operator's own validation."""
-    from ovserve.operator import validation
-
     isvc = copy.deepcopy(isvc)
     meta = isvc.setdefault("metadata", {}) if isinstance(isvc, dict) else None
     if isinstance(meta, dict):  # anything else is refused by the validation below
@@ -137,9 +139,6 @@ def entry_component(isvc: dict) -> str:
 
 def plan(isvc: dict, workdir: Path) -> list[Component]:
     """The components to start, in order (predictor first), each with its init containers."""
-    from ovserve.operator import names, pods
-    from ovserve.operator.manifests import Config
-
     out = []
     for component in names.present_components(isvc):
         pod = pods.pod_spec(isvc, component, Config())
@@ -349,7 +348,7 @@ def _proc(component: str, container: dict, volumes: dict[str, Path], rest: int, 
 
 
 def local_args(proc: Proc, host: str, rest: int, grpc: int | None, predictor: tuple[int, int | None] | None) -> list[str]:
-    """The flags ``run`` sets: where the process listens, and where its predictor is."""
+    """The flags ``ovserve run`` sets: where the process listens, and where its predictor is."""
     if proc.subcommand == "serve":
         return ["--host", host, "--rest-port", str(rest), "--grpc-port", str(grpc or 0)]
     if proc.subcommand not in ("transformer", "explainer"):
