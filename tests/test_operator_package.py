@@ -54,3 +54,29 @@ def test_builders_are_free_of_frameworks() -> None:
     for name in ("names.py", "storage_uri.py", "config.py", "manifests.py", "pods.py", "status.py", "validation.py"):
         assert not imported(ROOT / "operator" / name) - {"__future__", "copy", "posixpath", "re", "dataclasses",
                                                           "urllib", "typing"}, name
+
+
+def absolute_imports(path: Path, package: str) -> set[str]:
+    """Every module ``path`` (in ``package``) imports, relative imports resolved, lazy ones included."""
+    parts = package.split(".")
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            out |= {module} | {f"{module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_the_server_package_never_imports_the_operator() -> None:
+    """Dependencies point one way (the operator's local runner reads the server's port lines, never the
+    reverse): ``ovserve run`` is reached from server/cli.py by module name only."""
+    offenders = []
+    for path in sorted((ROOT / "server").rglob("*.py")):
+        folder = path.parent.relative_to(ROOT / "server").parts
+        for name in absolute_imports(path, ".".join(("ovserve", "server", *folder))):
+            if name == "ovserve.operator" or name.startswith("ovserve.operator."):
+                offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not offenders, offenders

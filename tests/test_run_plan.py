@@ -1,7 +1,9 @@
 """``ovserve run``'s plan (pure): the operator's pod specs -> local commands, env, folders, probes."""
 from __future__ import annotations
 
+import ast
 import copy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -134,3 +136,40 @@ def test_sidecars_are_refused_and_user_volumes_emulated(tmp_path: Path) -> None:
     spec["spec"]["predictor"]["containers"].append({"name": "proxy", "image": "envoy"})
     with pytest.raises(RunError, match="sidecar containers \\(proxy\\) are not run locally"):
         plan(spec, tmp_path)
+
+
+#: ``ovserve run`` in a process where the operator's extra is not installed: importing kopf, the
+#: Kubernetes client or requests raises ImportError (a None in sys.modules blocks a module).
+WITHOUT_THE_OPERATOR_EXTRA = """
+import sys
+from pathlib import Path
+for name in ("kopf", "kubernetes", "requests", "urllib3"):
+    sys.modules[name] = None
+from ovserve.server import cli
+from ovserve.operator.local import command, plan, processes
+assert cli.main(["run", "no-such-file.yaml"]) == 2  # the CLI's own dispatch into the runner
+planned, refused = [], []
+for path in sorted(Path("examples").rglob("*.yaml")):
+    if "kind: InferenceService" not in path.read_text():
+        continue
+    try:
+        planned.append((path.name, [c.name for c in plan.plan(plan.prepare(plan.load(path)), Path("/nonexistent"))]))
+    except plan.RunError as exc:
+        refused.append((path.name, str(exc)))
+print(planned)
+print(refused)
+"""
+
+
+def test_ovserve_run_needs_neither_kopf_nor_the_kubernetes_client() -> None:
+    """The base install runs ``ovserve run``: its modules and the builders they execute never import
+    the operator's extra (kopf, kubernetes, requests), which only ``ovserve-operator`` needs."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_THE_OPERATOR_EXTRA], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "no-such-file.yaml" in done.stderr
+    planned, refused = (ast.literal_eval(line) for line in done.stdout.splitlines())
+    assert ("classifier-transformer.yaml", ["predictor", "transformer"]) in planned
+    assert ("isvc.yaml", ["predictor", "explainer"]) in planned  # examples/explainer/
+    assert len(planned) == 6 and [name for name, _ in refused] == ["pvc.yaml"]
+    assert "PersistentVolumeClaim" in refused[0][1]
