@@ -44,7 +44,7 @@ def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None
         return EXIT_USAGE
     workdir = Path(tempfile.mkdtemp(prefix="ovserve-run-"))
     supervisor: Supervisor | None = None
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     failure, code = "", 0
     try:
         isvc = prepare(load(ns.file))

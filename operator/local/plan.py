@@ -129,6 +129,7 @@ def prepare(isvc: object) -> dict:
         validation.check(isvc)
     except validation.Invalid as exc:
         raise RunError(f"invalid InferenceService: {exc}") from None
+    assert isinstance(isvc, dict)  # check() refuses anything else
     return isvc
 
 
