@@ -17,7 +17,7 @@ import signal
 from . import ports
 from .codecs import images
 from .config import Settings
-from .dataplane import DataPlane
+from .model_server import ModelServer
 from .errors import InvalidInput
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
@@ -58,7 +58,7 @@ class Server:
         self.settings = settings
         images.configure(settings.max_image_pixels, settings.max_images)
         self.manager = ModelManager(make_source(settings), poll_interval=settings.poll_interval)
-        self.dataplane = DataPlane(self.manager)
+        self.dataplane = ModelServer(self.manager)
         self.grpc = GrpcServer(self.dataplane, settings.max_request_bytes, engine=settings.grpc_engine)
         self.rest_port = 0
         self.grpc_port = 0

@@ -1,174 +1,81 @@
-"""The data plane: the only thing transports call.
+"""The data plane: the one interface every transport calls, and nothing else.
 
-Live, ready, metadata and infer, in neutral types. Transports parse their wire
-format into :mod:`ovserve.server.types`, call here, and encode the answer.
+Transports parse their wire format into neutral types (:mod:`ovserve.server.types`),
+call a :class:`DataPlane`, and encode what it answers. Three components implement
+it: the model server (:class:`~ovserve.server.model_server.ModelServer`: the
+repository and OpenVINO), the transformer and the explainer (handlers in front
+of a predictor). An operation a component does not offer raises
+:class:`~ovserve.server.errors.Unsupported`, which every transport maps to
+501 / UNIMPLEMENTED from the one error table.
 """
 from __future__ import annotations
 
-import asyncio
-import os
-from concurrent.futures import ThreadPoolExecutor
+import abc
 
-from .codecs.datatypes import V2_TO_NUMPY
-from .codecs.tensors import encoding_parameters
-from .codecs.images import check_count, decode_images
-from .errors import InvalidInput, Unavailable
-from .repository.manager import ModelManager
-from .repository.states import State
-from .runtime.openvino import OpenVINOModel
-from .types import InferRequest, InferResponse, ModelMetadata, PortInfo, Tensor
-from . import __version__
-
-SERVER_NAME = "ovserve"
-#: Protocol extensions ovserve really implements (reported by server metadata).
-EXTENSIONS = ["model_repository", "binary_tensor_data", "parameters"]
-PLATFORM = "OpenVINO"
+from .errors import Unsupported
+from .types import (Explanation, Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, Parameters,
+                    PortInfo, ServerMetadata, VersionStatus)
 
 
-class DataPlane:
-    def __init__(self, manager: ModelManager) -> None:
-        self.manager = manager
-        self.live = False  # set once the transports accept connections
-        # OpenCV releases the GIL: the images of a batch decode in parallel, off the loop.
-        self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")
+class DataPlane(abc.ABC):
+    #: Whether :meth:`input_specs` are exactly the inputs :meth:`infer` accepts (a model server),
+    #: or only hints (a transformer's handler may turn other inputs into the predictor's).
+    exact_inputs: bool = True
 
-    # -- health and metadata ----------------------------------------------
+    def __init__(self) -> None:
+        #: set by the Server once its listeners accept connections
+        self.live = False
+
+    # -- lifecycle (the Server calls these) -----------------------------------
+    async def start(self) -> None:
+        """After the listeners accept connections: the initial load, or the first look at a predictor."""
+
+    async def stop(self) -> None:
+        """After the listeners have drained."""
+
+    # -- health and metadata ------------------------------------------------
     def server_live(self) -> bool:
         return self.live
 
-    def server_ready(self) -> bool:
-        return self.manager.ready
+    @abc.abstractmethod
+    def server_ready(self) -> bool: ...
 
-    def server_metadata(self) -> dict[str, object]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+    @abc.abstractmethod
+    def server_metadata(self) -> ServerMetadata: ...
 
+    @abc.abstractmethod
+    def model_names(self) -> list[str]: ...
+
+    @abc.abstractmethod
     def model_ready(self, name: str, version: str = "") -> bool:
-        """Whether the model (version) can serve: available, and its inferences making progress."""
-        served = self.manager.served(name)  # NotFound for an unknown model
-        if version:
-            try:
-                mv = self.manager.version(name, version)
-            except Unavailable:
-                return False
-            return mv.model is not None and not mv.model.stalled()
-        available = served.available()  # requests without a version go to the latest
-        return bool(available) and available[-1].model is not None and not available[-1].model.stalled()
+        """NotFound for an unknown model; False for a known one that cannot serve now."""
 
-    def model_names(self) -> list[str]:
-        return sorted(self.manager.models)
+    @abc.abstractmethod
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
 
-    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        mv = self.manager.version(name, version)
-        model = mv.model
-        assert model is not None
-        versions = [str(v.version) for v in self.manager.served(name).available()] if not version else [str(mv.version)]
-        return ModelMetadata(
-            name=name,
-            versions=versions,
-            platform=PLATFORM,
-            inputs=[p.spec for p in model.inputs],
-            outputs=[p.spec for p in model.outputs],
-        )
+    @abc.abstractmethod
+    def model_status(self, name: str) -> list[VersionStatus]: ...
 
-    def model_status(self, name: str) -> list[dict[str, object]]:
-        """OVMS-style per-version states of a model (all versions, whatever their state)."""
-        served = self.manager.served(name)
-        return [{"version": str(v), **mv.status.as_dict()} for v, mv in sorted(served.versions.items())]
-
+    @abc.abstractmethod
     def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
-        mv = self.manager.version(name, version)
-        assert mv.model is not None
-        return list(mv.model.inputs)
+        """The model's inputs, for decoders that need them (V1 instances, a headerless binary body)."""
 
-    # -- inference --------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResponse:
-        mv = self.manager.acquire(request.model_name, request.model_version)
-        try:
-            model = mv.model
-            assert model is not None and mv.status.state is State.AVAILABLE
-            feed, images = check_inputs(request, model)
-            wanted = check_outputs(request, model)
-            if images:
-                await self._decode(feed, images)
-            results = await model.infer(feed)
-        finally:
-            self.manager.release(mv)
-        outputs = []
-        for port, params in wanted:
-            arr = results[port.name]
-            outputs.append(Tensor(port.name, port.datatype, tuple(arr.shape), arr, params))
-        return InferResponse(
-            model_name=request.model_name,
-            model_version=str(mv.version),
-            outputs=outputs,
-            id=request.id,
-        )
+    # -- inference ----------------------------------------------------------
+    @abc.abstractmethod
+    async def infer(self, request: InferRequest, headers: Headers | None = None) -> InferResponse: ...
 
+    async def explain(self, request: InferRequest, parameters: Parameters,
+                      headers: Headers | None = None) -> Explanation:
+        self.model_ready(request.model_name)  # NotFound for an unknown model first
+        raise Unsupported(f"model {request.model_name!r} has no explainer configured; "
+                          "run an explainer component for :explain")
 
-    async def _decode(self, feed: dict, images: list[tuple[Tensor, PortInfo]]) -> None:
-        loop = asyncio.get_running_loop()
-        for tensor, port in images:
-            feed[port.name] = await loop.run_in_executor(
-                None, decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
-                port.dims, port.layout, V2_TO_NUMPY[port.datatype], self._decoders,
-            )
+    # -- the model repository extension -------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        raise Unsupported(f"{self.server_metadata().name} has no model repository")
 
+    async def load_model(self, name: str) -> None:
+        raise Unsupported(f"{self.server_metadata().name} has no model repository to load {name!r} from")
 
-def takes_images(tensor: Tensor, port: PortInfo) -> bool:
-    """OVMS rule: BYTES of shape [N] into a 4-D non-string input are N encoded images."""
-    return tensor.datatype == "BYTES" and port.datatype != "BYTES" and len(port.dims) == 4
-
-
-def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict, list[tuple[Tensor, PortInfo]]]:
-    """Match request inputs to model inputs: names, count, datatype, shape.
-
-    Returns the feed and the inputs that still need image decoding.
-    """
-    ports = {p.name: p for p in model.inputs}
-    feed: dict = {}
-    images: list[tuple[Tensor, PortInfo]] = []
-    for tensor in request.inputs:
-        port = ports.get(tensor.name)
-        if port is None:
-            raise InvalidInput(f"unknown input {tensor.name!r}; model {request.model_name!r} has inputs {list(ports)}")
-        if tensor.name in feed:
-            raise InvalidInput(f"input {tensor.name!r} is given more than once")
-        if takes_images(tensor, port):
-            if len(tensor.shape) != 1:
-                raise InvalidInput(
-                    f"input {tensor.name!r}: encoded images are sent with shape [N] (the number of images), "
-                    f"got {list(tensor.shape)}"
-                )
-            # Before any image is decoded: the count against the model's batch dimension and --max-images.
-            check_count(f"input {tensor.name!r}", tensor.shape[0], port.dims)
-            feed[tensor.name] = None
-            images.append((tensor, port))
-            continue
-        if tensor.datatype != port.datatype:
-            raise InvalidInput(
-                f"input {tensor.name!r}: datatype {tensor.datatype} does not match the model's {port.datatype}"
-            )
-        shape = tensor.shape
-        if len(shape) != len(port.dims) or not all(d.accepts(n) for d, n in zip(port.dims, shape)):
-            raise InvalidInput(
-                f"input {tensor.name!r}: shape {list(shape)} does not fit the model's "
-                f"[{','.join(str(d) for d in port.dims)}]"
-            )
-        feed[tensor.name] = tensor.data
-    missing = [n for n in ports if n not in feed]
-    if missing:
-        raise InvalidInput(f"missing inputs {missing}; model {request.model_name!r} needs {list(ports)}")
-    return feed, images
-
-
-def check_outputs(request: InferRequest, model: OpenVINOModel) -> list[tuple[PortInfo, dict]]:
-    ports = {p.name: p for p in model.outputs}
-    if not request.outputs:
-        return [(p, {}) for p in model.outputs]
-    wanted = []
-    for out in request.outputs:
-        port = ports.get(out.name)
-        if port is None:
-            raise InvalidInput(f"unknown output {out.name!r}; model {request.model_name!r} has outputs {list(ports)}")
-        wanted.append((port, encoding_parameters(out.parameters)))
-    return wanted
+    async def unload_model(self, name: str) -> None:
+        raise Unsupported(f"{self.server_metadata().name} has no model repository to unload {name!r} from")

@@ -7,11 +7,14 @@ object arrays of ``bytes``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 Parameters = dict[str, Any]
+#: A request's headers (REST) or invocation metadata (gRPC), lower-case names: what a
+#: transformer's handler sees; the model server ignores them.
+Headers = Mapping[str, str]
 
 
 @dataclass(slots=True)
@@ -99,3 +102,54 @@ class PortInfo:
     @property
     def spec(self) -> TensorSpec:
         return TensorSpec(self.name, self.datatype, tuple(d.lo if d.static else -1 for d in self.dims))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """What server metadata reports: the component's name, version and protocol extensions."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStatus:
+    """One model version's state, as OpenVINO Model Server reports it (START, LOADING, AVAILABLE,
+    UNLOADING, END) with the error of its last load or unload."""
+
+    version: str
+    state: str
+    error_code: str = "OK"
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of the repository index (KServe/Triton): READY, LOADING, UNLOADING or UNAVAILABLE."""
+
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+
+@dataclass
+class Explanation:
+    """The explanations of one request (``:explain``), in neutral form; the transports encode it."""
+
+    model_name: str
+    kind: str  # "image" or "tabular"
+    method: str  # "occlusion" or "ablation"
+    output: str
+    targets: list[int]
+    scores: list[float]
+    attributions: np.ndarray  # [N, H, W] or [N, F], FP32
+    heatmaps: list[bytes] = field(default_factory=list)  # PNG per instance (images)
+    predictor_calls: int = 0
+    perturbations: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)  # the parameters as applied
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": self.method, "output": self.output, "predictor_calls": self.predictor_calls,
+                "perturbations": self.perturbations, "parameters": self.settings}

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ovserve.server.codecs import bytes_tensor, images
+from ovserve.server.codecs import bytes_tensor, images, v1
 from ovserve.server.codecs.datatypes import V2_TO_NUMPY
 from ovserve.server.codecs.tensors import MAX_DIMS, from_raw
 from ovserve.server.errors import InvalidInput, PayloadTooLarge, ServerError
@@ -301,9 +301,9 @@ def test_v1_instances_round_trip(tensor: tuple, named: bool) -> None:
     doc = {"instances": [{"x": row} for row in rows] if named else rows}
     if not rows:  # no instances: refused as such
         with pytest.raises(InvalidInput, match="'instances'"):
-            codec.v1_instances_to_request("m", doc, [port])
+            v1.decode_request("m", doc, [port.spec])
         return
-    request = codec.v1_instances_to_request("m", doc, [port])
+    request = v1.decode_request("m", doc, [port.spec])
     (got,) = request.inputs
     # np.asarray gives the shape; trailing 0-length dimensions collapse in nested JSON lists
     if all(shape):
@@ -326,7 +326,7 @@ def test_v1_instances_round_trip(tensor: tuple, named: bool) -> None:
 def test_v1_documents_decode_or_are_refused(doc: Any, datatypes: list[str]) -> None:
     ports = [PortInfo(name, dt, (Dim(0, -1), Dim(0, -1)), i) for i, (name, dt) in enumerate(zip("ab", datatypes))]
     try:
-        request = codec.v1_instances_to_request("m", doc, ports)
+        request = v1.decode_request("m", doc, [p.spec for p in ports])
     except ServerError:
         return
     for t in request.inputs:

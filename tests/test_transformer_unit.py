@@ -12,7 +12,7 @@ import pytest
 
 from ovserve.server.components import predictor as pc
 from ovserve.server.components.transformer import TransformerDataPlane, load_handler, tensor, Transformer
-from ovserve.server.components.transformer_server import v1_request
+from ovserve.server.codecs import v1
 from ovserve.server.errors import InvalidInput, ServerError, grpc_status, http_status
 from ovserve.server.transports.rest.codec import decode_infer_request, encode_infer_response
 from ovserve.server.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
@@ -92,31 +92,26 @@ def test_v1_wire_round_trip() -> None:
         pc.decode_v1_predictions({"nope": 1}, "m", md)
 
 
-class _Plane:
-    """What v1_request asks of the data plane: the predictor's input specs."""
-
-    def __init__(self, specs: list[TensorSpec]) -> None:
-        self._specs = specs
-
-    def predictor_inputs(self) -> list[TensorSpec]:
-        return self._specs
+def v1_request(model: str, doc: object, specs: list[TensorSpec]) -> InferRequest:
+    """A transformer's V1 decoding: the predictor's input specs are hints."""
+    return v1.decode_request(model, doc, specs, exact=False)
 
 
 def test_v1_instances_with_base64_images() -> None:
     jpeg = b"\xff\xd8\xff\xe0 not really a jpeg \xfb\xff"
     for encode in (base64.b64encode, base64.urlsafe_b64encode):
         doc = {"instances": [{"image_bytes": {"b64": encode(jpeg).decode().rstrip("=")}, "key": "a"}]}
-        req = v1_request("m", doc, _Plane([]))  # type: ignore[arg-type]
+        req = v1_request("m", doc, [])
         by_name = {t.name: t for t in req.inputs}
         assert by_name["image_bytes"].datatype == "BYTES" and by_name["image_bytes"].data[0] == jpeg
         assert by_name["key"].data[0] == b"a"
 
 
 def test_v1_numbers_take_the_predictors_datatype() -> None:
-    req = v1_request("m", {"instances": [[1, 2], [3, 4]]}, _Plane([TensorSpec("x", "FP32", (-1, 2))]))  # type: ignore[arg-type]
+    req = v1_request("m", {"instances": [[1, 2], [3, 4]]}, [TensorSpec("x", "FP32", (-1, 2))])
     (t,) = req.inputs
     assert t.name == "x" and t.datatype == "FP32" and t.data.dtype == np.float32 and t.shape == (2, 2)
-    req = v1_request("m", {"inputs": {"a": [1, 2]}}, _Plane([]))  # type: ignore[arg-type]
+    req = v1_request("m", {"inputs": {"a": [1, 2]}}, [])
     assert req.inputs[0].datatype == "INT64"
 
 
@@ -129,7 +124,7 @@ def test_v1_numbers_take_the_predictors_datatype() -> None:
 ])
 def test_v1_bad_instances_are_400(doc: object, words: str) -> None:
     with pytest.raises(InvalidInput, match=words):
-        v1_request("m", doc, _Plane([]))  # type: ignore[arg-type]
+        v1_request("m", doc, [])
 
 
 def test_tensor_helper_and_shape_follows_data() -> None:

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import logging
 import math
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
@@ -37,7 +36,8 @@ import numpy as np
 from .. import ports
 from ..config import DEFAULT_MAX_HEADER_BYTES
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
-from ..types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
+from ..types import (Explanation, Headers, InferRequest, ModelMetadata, Parameters, RequestedOutput, ServerMetadata,
+                     Tensor, TensorSpec)
 from . import saliency
 from .transformer import Transformer, TransformerDataPlane
 
@@ -146,27 +146,6 @@ def _baseline(v: Any) -> Any:
 # -- the explanation ----------------------------------------------------------
 
 @dataclass
-class Explanation:
-    """The explanations of one request, in neutral form (the routes encode it)."""
-
-    model_name: str
-    kind: str  # "image" or "tabular"
-    method: str  # "occlusion" or "ablation"
-    output: str
-    targets: list[int]
-    scores: list[float]
-    attributions: np.ndarray  # [N, H, W] or [N, F], FP32
-    heatmaps: list[bytes] = field(default_factory=list)  # PNG per instance (images)
-    predictor_calls: int = 0
-    perturbations: int = 0
-    settings: dict[str, Any] = field(default_factory=dict)  # the parameters as applied
-
-    def summary(self) -> dict[str, Any]:
-        return {"method": self.method, "output": self.output, "predictor_calls": self.predictor_calls,
-                "perturbations": self.perturbations, "parameters": self.settings}
-
-
-@dataclass
 class _Input:
     """The request's one input, checked against the model and seen as N instances."""
 
@@ -195,6 +174,9 @@ class Explainer(TransformerDataPlane):
     """The explainer's data plane: the transformer's, with the pass-through handler (health, the predictor's
     metadata, infer and predict straight to the predictor; ready only while the predictor's model is), plus explain."""
 
+    #: the predictor's inputs, exactly: explanations perturb what the predictor takes
+    exact_inputs = True
+
     def __init__(self, model_name: str, client: Any, *, timeout: float = 60.0, concurrency: int = 2,
                  poll_interval: float = 1.0) -> None:
         super().__init__(model_name, Transformer(), client, health_check=True, poll_interval=poll_interval)
@@ -206,16 +188,17 @@ class Explainer(TransformerDataPlane):
         if name != self.model_name:
             raise NotFound(f"model {name!r} is not explained here; this explainer serves {self.model_name!r}")
 
-    def server_metadata(self) -> dict[str, object]:
-        return {**super().server_metadata(), "name": "ovserve-explainer", "extensions": ["parameters", "explain"]}
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("ovserve-explainer", super().server_metadata().version, ("parameters", "explain"))
 
     async def metadata(self) -> ModelMetadata:
         """The predictor's metadata, asked afresh (an explanation must not use a stale input shape)."""
         return await self.client.metadata(self.model_name)
 
-    async def explain(self, request: InferRequest, params: Any) -> Explanation:
+    async def explain(self, request: InferRequest, parameters: Parameters,
+                      headers: Headers | None = None) -> Explanation:
         self.check_name(request.model_name)
-        opts = Options.parse(params, self.timeout)
+        opts = Options.parse(parameters, self.timeout)
         assert opts.timeout_seconds is not None
         started = time.monotonic()
         calls = _Calls(0)
@@ -378,111 +361,6 @@ def _pick_output(md: ModelMetadata, name: str | None) -> str:
     return numeric[0]
 
 
-# -- wire forms ---------------------------------------------------------------
-
-def v1_body(e: Explanation) -> dict[str, Any]:
-    """``{"explanations": [one object per instance], ...summary}``: KServe V1 :explain."""
-    items = []
-    for i, target in enumerate(e.targets):
-        item: dict[str, Any] = {"target": target, "score": e.scores[i], "attributions": e.attributions[i]}
-        if e.heatmaps:
-            item["heatmap_png"] = base64.b64encode(e.heatmaps[i]).decode("ascii")
-        items.append(item)
-    return {"model_name": e.model_name, "explanations": items, **e.summary()}
-
-
-def v2_response(e: Explanation, request_id: str = "") -> InferResponse:
-    """A V2 inference response: ``attributions``, ``target``, ``score`` (and ``heatmap_png``, base64) tensors;
-    the summary (method, output, predictor_calls, perturbations) goes in the response ``parameters``."""
-    n = len(e.targets)
-    outputs = [
-        Tensor("attributions", "FP32", tuple(e.attributions.shape), e.attributions),
-        Tensor("target", "INT64", (n,), np.asarray(e.targets, dtype=np.int64)),
-        Tensor("score", "FP32", (n,), np.asarray(e.scores, dtype=np.float32)),
-    ]
-    if e.heatmaps:
-        data = np.array([base64.b64encode(p) for p in e.heatmaps], dtype=object)
-        outputs.append(Tensor("heatmap_png", "BYTES", (n,), data))
-    summary = {k: v for k, v in e.summary().items() if k != "parameters"}
-    if e.heatmaps:
-        summary["heatmap_png"] = "base64"  # each element: a base64 PNG (JSON strings cannot carry raw bytes)
-    return InferResponse(model_name=e.model_name, model_version="", outputs=outputs, id=request_id,
-                         parameters=summary)
-
-
-# -- REST ---------------------------------------------------------------------
-
-def _wants_png(request: Any) -> bool:
-    accept = request.headers.get("accept", "")
-    return any(part.split(";")[0].strip().lower() == "image/png" for part in accept.split(","))
-
-
-def _png_reply(e: Explanation) -> Any:
-    from starlette.responses import Response
-
-    if e.kind != "image":
-        raise InvalidInput(f"Accept: image/png is for image inputs; model {e.model_name!r} takes tabular [N, F] input")
-    if not e.heatmaps and len(e.targets) == 1:
-        raise InvalidInput("Accept: image/png needs the heatmap; the request set parameter 'heatmap' to false")
-    if len(e.heatmaps) != 1:
-        raise InvalidInput(f"Accept: image/png answers one image; the request has {len(e.targets)} instances "
-                           f"(send one, or ask for JSON)")
-    return Response(e.heatmaps[0], media_type="image/png",
-                    headers={"Explain-Target": str(e.targets[0]), "Explain-Score": repr(e.scores[0])})
-
-
-def routes() -> list:
-    """The explain routes; the rest of the surface is the server's REST app over the explainer's data plane."""
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    from ..transports.rest.codec import HEADER, decode_infer_request, encode_infer_response, parse_json, \
-        v1_instances_to_request
-    from ..transports.rest.http import json_response, read_body
-
-    async def v1_explain(request: Request) -> Response:
-        explainer: Explainer = request.app.state.dataplane
-        name = request.path_params["model"]
-        explainer.check_name(name)
-        doc = parse_json(await read_body(request, request.app.state.max_request_bytes))
-        if not isinstance(doc, dict):
-            raise InvalidInput("request body must be a JSON object")
-        md = await explainer.metadata()
-        e = await explainer.explain(v1_instances_to_request(name, doc, md.inputs), doc.get("parameters"))
-        return _png_reply(e) if _wants_png(request) else json_response(v1_body(e))
-
-    async def v2_explain(request: Request) -> Response:
-        explainer: Explainer = request.app.state.dataplane
-        name = request.path_params["model"]
-        explainer.check_name(name)
-        body = await read_body(request, request.app.state.max_request_bytes)
-        req = decode_infer_request(name, "", body, request.headers.get(HEADER))
-        e = await explainer.explain(req, req.parameters)
-        if _wants_png(request):
-            return _png_reply(e)
-        payload, header_len = encode_infer_response(v2_response(e, req.id), req)
-        if header_len is None:
-            return Response(payload, media_type="application/json")
-        return Response(payload, media_type="application/octet-stream", headers={HEADER: str(header_len)})
-
-    return [
-        Route("/v1/models/{model}:explain", v1_explain, methods=["POST"]),
-        Route("/v2/models/{model}/explain", v2_explain, methods=["POST"]),
-    ]
-
-
-def create_app(explainer: Explainer, max_request_bytes: int = 1 << 30) -> Any:
-    """The server's REST app (health, metadata, errors mapped once) over the explainer, with the transformer's
-    pass-through infer/predict routes and the explain routes in front."""
-    from ..transports.rest.app import create_app as rest_app
-    from .transformer_server import routes as passthrough_routes
-
-    app = rest_app(explainer, max_request_bytes)  # type: ignore[arg-type]
-    app.router.routes[0:0] = routes() + passthrough_routes()
-    return app
-
-
 # -- process ------------------------------------------------------------------
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -541,6 +419,7 @@ def main(ns: argparse.Namespace) -> int:
 
 
 async def serve(ns: argparse.Namespace) -> int:
+    from ..transports.rest.app import create_app
     from ..transports.rest.runner import RestServer, bind_socket
     from .predictor import PredictorClient
 

@@ -22,14 +22,13 @@ request also has ``parameters`` and ``id``. Async methods run on the event
 loop; plain ``def`` ones run in a worker thread, so blocking work (decoding
 images) never stalls other requests.
 
-:class:`TransformerDataPlane` has the methods the REST and gRPC transports call
-on the server's ``DataPlane``, so the transformer serves the very same V1/V2
-REST and gRPC surface with the same transports.
+:class:`TransformerDataPlane` implements the server's
+:class:`~ovserve.server.dataplane.DataPlane`, so the transformer serves the
+very same V1/V2 REST and gRPC surface through the same transports.
 """
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import importlib
 import importlib.util
 import inspect
@@ -37,22 +36,19 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from .. import __version__
 from ..codecs.datatypes import numpy_dtype, v2_datatype
 from ..codecs.tensors import encoding_parameters, reply_parameters
+from ..dataplane import DataPlane
 from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable, Unsupported
-from ..types import Dim, InferRequest, InferResponse, ModelMetadata, PortInfo, RequestedOutput, Tensor, TensorSpec
+from ..types import (Dim, Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, PortInfo,
+                     RequestedOutput, ServerMetadata, Tensor, VersionStatus)
 
 log = logging.getLogger("ovserve.transformer")
-
-Headers = Mapping[str, str]
-
-#: The gRPC invocation metadata of the call being served (set by the transformer's gRPC interceptor).
-GRPC_METADATA: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("grpc_metadata", default=None)
 
 __all__ = ["Transformer", "Tensor", "InferRequest", "InferResponse", "RequestedOutput", "HandlerError",
            "load_handler", "TransformerDataPlane", "tensor"]
@@ -154,36 +150,20 @@ def load_handler(spec: str | None) -> Transformer:
 
 
 # -- the data plane ------------------------------------------------------------
-class _NoRepository:
-    """The transformer has no model repository: the repository extension answers 501."""
+class TransformerDataPlane(DataPlane):
+    """Health, metadata (the predictor's), infer through the handler; no repository of its own."""
 
-    def __init__(self, plane: "TransformerDataPlane") -> None:
-        self.plane = plane
-
-    def served(self, name: str) -> None:
-        self.plane.check_name(name)
-
-    def index(self, ready_only: bool = False) -> list[dict]:
-        raise Unsupported("a transformer has no model repository; ask the predictor")
-
-    async def load(self, name: str) -> None:
-        raise Unsupported("a transformer has no model repository; ask the predictor")
-
-    unload = load
-
-
-class TransformerDataPlane:
-    """What the transports call: health, metadata (the predictor's), infer through the handler."""
+    #: the predictor's inputs are only hints: the handler may take other inputs and make them
+    exact_inputs = False
 
     def __init__(self, model_name: str, handler: Transformer, predictor: Any, *, health_check: bool = False,
                  poll_interval: float = 1.0) -> None:
+        super().__init__()
         self.model_name = model_name
         self.handler = handler
         self.predictor = predictor
         self.health_check = health_check
         self.poll_interval = poll_interval
-        self.live = False
-        self.manager = _NoRepository(self)
         self.predictor_ready = False
         self._metadata: ModelMetadata | None = None
         self._metadata_at = 0.0
@@ -231,15 +211,11 @@ class TransformerDataPlane:
         if name != self.model_name:
             raise NotFound(f"model {name!r} not found; this transformer serves {self.model_name!r}")
 
-    def server_live(self) -> bool:
-        return self.live
-
     def server_ready(self) -> bool:
         return self.live and (self.predictor_ready or not self.health_check)
 
-    def server_metadata(self) -> dict[str, object]:
-        return {"name": "ovserve-transformer", "version": __version__,
-                "extensions": ["binary_tensor_data", "parameters"]}
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("ovserve-transformer", __version__, ("binary_tensor_data", "parameters"))
 
     def model_names(self) -> list[str]:
         return [self.model_name]
@@ -259,20 +235,26 @@ class TransformerDataPlane:
         return ModelMetadata(name, [version] if version else list(md.versions), md.platform,
                              list(md.inputs), list(md.outputs))
 
-    def model_status(self, name: str) -> list[dict[str, object]]:
+    def model_status(self, name: str) -> list[VersionStatus]:
         self.check_name(name)
         md = self._metadata
         state = "AVAILABLE" if self.predictor_ready else "UNAVAILABLE"
-        return [{"version": v, "state": state, "status": {"error_code": "OK", "error_message": ""}}
-                for v in (md.versions if md else [])]
+        return [VersionStatus(v, state) for v in (md.versions if md else [])]
 
     def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
         md = self.model_metadata(name, version)
         return [PortInfo(s.name, s.datatype, tuple(Dim(d, d) if d >= 0 else Dim(1, -1) for d in s.shape), i)
                 for i, s in enumerate(md.inputs)]
 
-    def predictor_inputs(self) -> list[TensorSpec]:
-        return list(self._metadata.inputs) if self._metadata else []
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        raise Unsupported("a transformer has no model repository; ask the predictor")
+
+    async def load_model(self, name: str) -> None:
+        self.check_name(name)
+        raise Unsupported("a transformer has no model repository; ask the predictor")
+
+    async def unload_model(self, name: str) -> None:
+        await self.load_model(name)
 
     # -- inference -----------------------------------------------------------
     async def _stage(self, stage: str, fn: Any, arg: Any, headers: Headers) -> Any:
@@ -311,8 +293,8 @@ class TransformerDataPlane:
 
     async def infer(self, request: InferRequest, headers: Headers | None = None) -> InferResponse:
         self.check_name(request.model_name)
-        if headers is None:  # over gRPC: the call's metadata
-            headers = GRPC_METADATA.get() or {}
+        if headers is None:
+            headers = {}
         asked = {o.name: o.parameters for o in request.outputs}
         request_id = request.id
         req = self._checked("preprocess", await self._stage("preprocess", self.handler.preprocess, request, headers),

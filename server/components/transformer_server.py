@@ -1,9 +1,8 @@
 """``ovserve transformer``: the process that serves a transformer handler.
 
-It reuses the server's transports: the REST app of ``transports/rest`` (with
-two routes taken over so that the handler sees the request headers and V1
-``instances`` need no model spec) and, with ``--grpc_port``, the gRPC server of
-``transports/grpc_v2``, both over a :class:`~.transformer.TransformerDataPlane`.
+It reuses the server's transports: the REST app of ``transports/rest`` and, with
+``--grpc_port``, the gRPC server of ``transports/grpc_v2``, both over a
+:class:`~.transformer.TransformerDataPlane`.
 Argument names are KServe's (``--model_name``, ``--predictor_host``, ...); the
 dashed forms work too.
 """
@@ -16,13 +15,9 @@ import signal
 import sys
 from typing import Any
 
-import numpy as np
-
 from .. import ports
-from ..codecs import bytes_tensor
 from ..config import DEFAULT_MAX_HEADER_BYTES, GRPC_ENGINES
 from ..errors import InvalidInput
-from ..types import InferRequest, Tensor
 from .predictor import PROTOCOLS
 from .transformer import HandlerLoadError, TransformerDataPlane, load_handler
 
@@ -81,128 +76,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-# -- V1 instances without a model spec ---------------------------------------
-def _column(name: str, values: list, spec_type: str | None) -> Tensor:
-    where = f"input {name!r}"
-    arr = np.asarray(values, dtype=object)
-    flat = arr.reshape(-1)
-    if flat.size and all(isinstance(v, dict) and set(v) == {"b64"} for v in flat):
-        out = np.empty(flat.size, dtype=object)
-        for i, v in enumerate(flat):
-            out[i] = _b64(v["b64"], where)
-        return Tensor(name, "BYTES", arr.shape, out.reshape(arr.shape))
-    if flat.size and all(isinstance(v, str) for v in flat):
-        out = np.empty(flat.size, dtype=object)
-        out[:] = [v.encode("utf-8") for v in flat]
-        return Tensor(name, "BYTES", arr.shape, out.reshape(arr.shape))
-    from ..codecs.tensors import from_values
-
-    try:
-        guess = np.asarray(values)
-    except ValueError as exc:
-        raise InvalidInput(f"{where}: instances do not form a tensor: {exc}") from None
-    if guess.dtype == object or guess.dtype.kind not in "biuf":
-        raise InvalidInput(f"{where}: instances must be numbers, strings or {{\"b64\": ...}} objects")
-    datatype = spec_type if spec_type and spec_type != "BYTES" else \
-        {"b": "BOOL", "i": "INT64", "u": "INT64", "f": "FP32"}[guess.dtype.kind]
-    return Tensor(name, datatype, guess.shape, from_values(where, datatype, guess.shape, values))
-
-
-def _b64(text: Any, where: str) -> bytes:
-    try:
-        return bytes_tensor.from_b64(text)
-    except ValueError as exc:
-        raise InvalidInput(f"{where}: {exc}") from None
-
-
-def v1_request(model: str, doc: Any, dp: TransformerDataPlane) -> InferRequest:
-    """KServe V1 ``instances`` (rows) or ``inputs`` (columns) -> neutral tensors, without a model spec.
-
-    Rows that are objects give one tensor per key; ``{"b64": ...}`` values become
-    BYTES (standard or URL-safe base64), strings BYTES, numbers a numeric tensor
-    (the predictor's datatype for an input of that name, else FP32 / INT64 / BOOL).
-    """
-    if not isinstance(doc, dict):
-        raise InvalidInput("request body must be a JSON object")
-    if ("instances" in doc) == ("inputs" in doc):
-        raise InvalidInput("request must have exactly one of 'instances' or 'inputs'")
-    specs = {s.name: s.datatype for s in dp.predictor_inputs()}
-    default = next(iter(specs), "instances") if len(specs) <= 1 else "instances"
-    body = doc.get("instances", doc.get("inputs"))
-    if isinstance(body, dict) and "inputs" in doc:
-        columns = body
-    elif isinstance(body, list) and body:
-        if all(isinstance(r, dict) and not (set(r) == {"b64"}) for r in body):
-            keys = list(body[0])
-            if any(list(r) != keys and set(r) != set(keys) for r in body):
-                raise InvalidInput("every instance must have the same fields")
-            columns = {k: [r[k] for r in body] for k in keys}
-        else:
-            columns = {default: body}
-    else:
-        raise InvalidInput("'instances' must be a non-empty list")
-    inputs = [_column(k, v if isinstance(v, list) else [v], specs.get(k)) for k, v in columns.items()]
-    request_id = doc.get("id", "")
-    return InferRequest(model_name=model, inputs=inputs, id=request_id if isinstance(request_id, str) else "")
-
-
-# -- REST routes the transformer takes over ------------------------------------
-def routes() -> list:
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    from ..transports.rest.codec import (HEADER, decode_headerless, decode_infer_request, encode_infer_response,
-                                         parse_json, v1_predictions)
-    from ..transports.rest.http import json_response, read_body
-
-    async def infer(request: Request) -> Response:
-        dp: TransformerDataPlane = request.app.state.dataplane
-        name, version = request.path_params["model"], request.path_params.get("version", "")
-        dp.check_name(name)
-        body = await read_body(request, request.app.state.max_request_bytes)
-        header = request.headers.get(HEADER)
-        if header is not None and header.strip() == "0":
-            req = decode_headerless(name, version, body, dp.input_specs(name, version))
-        else:
-            req = decode_infer_request(name, version, body, header)
-        params = dict(req.parameters)
-        resp = await dp.infer(req, request.headers)
-        req.parameters = params  # the client's binary_data_output, whatever the handler did
-        payload, header_len = encode_infer_response(resp, req)
-        if header_len is None:
-            return Response(payload, media_type="application/json")
-        return Response(payload, media_type="application/octet-stream", headers={HEADER: str(header_len)})
-
-    async def predict(request: Request) -> Response:
-        dp: TransformerDataPlane = request.app.state.dataplane
-        name = request.path_params["model"]
-        dp.check_name(name)
-        doc = parse_json(await read_body(request, request.app.state.max_request_bytes))
-        resp = await dp.infer(v1_request(name, doc, dp), request.headers)
-        return json_response(v1_predictions(resp))
-
-    return [
-        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
-        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
-        Route("/v1/models/{model}:predict", predict, methods=["POST"]),
-    ]
-
-
-def _metadata_interceptor() -> Any:
-    """Hands each gRPC call's invocation metadata to the handler as its ``headers``."""
-    import grpc
-
-    from .transformer import GRPC_METADATA
-
-    class MetadataInterceptor(grpc.aio.ServerInterceptor):
-        async def intercept_service(self, continuation: Any, details: Any) -> Any:
-            GRPC_METADATA.set({k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)})
-            return await continuation(details)
-
-    return MetadataInterceptor()
-
-
 # -- the process ---------------------------------------------------------------
 async def serve(ns: argparse.Namespace, handler: Any) -> int:
     from ..transports.rest.app import create_app
@@ -219,15 +92,13 @@ async def serve(ns: argparse.Namespace, handler: Any) -> int:
                              model_name=ns.model_name)
     dp = TransformerDataPlane(ns.model_name, handler, client, health_check=ns.enable_predictor_health_check)
     app = create_app(dp, ns.max_request_bytes)
-    app.router.routes[0:0] = routes()
     try:
         sock = bind_socket(ns.host, ns.http_port, backlog=1024)
         grpc_server = None
         if ns.grpc_port is not None:
             from ..transports.grpc_v2.server import GrpcServer
 
-            grpc_server = GrpcServer(dp, ns.max_request_bytes, [_metadata_interceptor()],  # type: ignore[arg-type]
-                                     engine=ns.grpc_engine)
+            grpc_server = GrpcServer(dp, ns.max_request_bytes, engine=ns.grpc_engine)
             grpc_port = grpc_server.bind(ns.host, ns.grpc_port)
     except OSError as exc:
         log.error("cannot start: %s", exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 import grpc
 
@@ -87,6 +87,31 @@ def _mapped(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     return wrapper
 
 
+class Metadata(Mapping[str, str]):
+    """A call's invocation metadata as the ``headers`` a data plane may read (read on first use:
+    the model server never asks)."""
+
+    __slots__ = ("_context", "_items")
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self._items: dict[str, str] | None = None
+
+    def _dict(self) -> dict[str, str]:
+        if self._items is None:
+            self._items = {k: v for k, v in (self._context.invocation_metadata() or ()) if isinstance(v, str)}
+        return self._items
+
+    def __getitem__(self, key: str) -> str:
+        return self._dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane) -> None:
         self.dp = dataplane
@@ -106,20 +131,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_mapped
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(**self.dp.server_metadata())
+        md = self.dp.server_metadata()
+        return pb.ServerMetadataResponse(name=md.name, version=md.version, extensions=md.extensions)
 
     @_mapped
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         return converters.metadata_to_pb(self.dp.model_metadata(request.name, request.version))
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         req = converters.request_from_pb(request)
-        resp = await self.dp.infer(req)
+        resp = await self.dp.infer(req, Metadata(context))
         return converters.response_to_pb(resp, converters.used_typed_contents(request))
 
     @_mapped
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return await self._infer(request)
+        return await self._infer(request, context)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -132,7 +158,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def one(msg: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
             try:
-                return pb.ModelStreamInferResponse(infer_response=await self._infer(msg))
+                return pb.ModelStreamInferResponse(infer_response=await self._infer(msg, context))
             except ServerError as exc:
                 return pb.ModelStreamInferResponse(error_message=exc.message)
             except Exception as exc:
@@ -158,16 +184,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_mapped
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
-        for row in self.dp.manager.index(request.ready):
-            resp.models.add(**row)
+        for row in self.dp.repository_index(request.ready):
+            resp.models.add(name=row.name, version=row.version, state=row.state, reason=row.reason)
         return resp
 
     @_mapped
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any) -> pb.RepositoryModelLoadResponse:
-        await self.dp.manager.load(request.model_name)
+        await self.dp.load_model(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any) -> pb.RepositoryModelUnloadResponse:
-        await self.dp.manager.unload(request.model_name)
+        await self.dp.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()

@@ -6,9 +6,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...errors import Unsupported
+from ...codecs import v1
+from ...errors import InvalidInput, Unavailable
+from ...types import TensorSpec
+from .explain import explanation_response, v1_explanation
 from .http import dataplane, error_response, json_response, read_body
-from .codec import parse_json, v1_instances_to_request, v1_predictions
+from .codec import parse_json
 
 
 async def live(request: Request) -> Response:
@@ -27,26 +30,48 @@ async def model_status(request: Request) -> Response:
     name = request.path_params["model"]
     if name.endswith((":predict", ":explain")):  # the {model} pattern also matches "m:predict"
         raise HTTPException(405)
-    versions = dp.model_status(name)
+    versions = [{"version": v.version, "state": v.state,
+                 "status": {"error_code": v.error_code, "error_message": v.error_message}}
+                for v in dp.model_status(name)]
     ready = dp.model_ready(name)
     # KServe answers 503 for a model that is not ready; the body still says why.
     return json_response({"name": name, "ready": ready, "versions": versions}, 200 if ready else 503)
 
 
+def _specs(request: Request, name: str) -> list[TensorSpec]:
+    """The inputs V1 instances are decoded against: the model's, or a component's hints (may be none yet)."""
+    dp = dataplane(request)
+    try:
+        return [p.spec for p in dp.input_specs(name)]
+    except Unavailable:
+        if dp.exact_inputs:
+            raise
+        return []
+
+
+async def _v1_request(request: Request) -> tuple[str, dict]:
+    name = request.path_params["model"]
+    doc = parse_json(await read_body(request, request.app.state.max_request_bytes))
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return name, doc
+
+
 async def predict(request: Request) -> Response:
     dp = dataplane(request)
-    name = request.path_params["model"]
-    body = await read_body(request, request.app.state.max_request_bytes)
-    doc = parse_json(body)
-    req = v1_instances_to_request(name, doc, dp.input_specs(name))
-    resp = await dp.infer(req)
-    return json_response(v1_predictions(resp))
+    name, doc = await _v1_request(request)
+    req = v1.decode_request(name, doc, _specs(request, name), dp.exact_inputs)
+    resp = await dp.infer(req, request.headers)
+    return json_response(v1.encode_predictions(resp))
 
 
 async def explain(request: Request) -> Response:
-    name = request.path_params["model"]
-    dataplane(request).manager.served(name)  # 404 for an unknown model first
-    raise Unsupported(f"model {name!r} has no explainer configured; run an explainer component for :explain")
+    dp = dataplane(request)
+    name, doc = await _v1_request(request)
+    dp.model_ready(name)  # 404 for an unknown model before the body is looked at
+    req = v1.decode_request(name, doc, _specs(request, name), dp.exact_inputs)
+    e = await dp.explain(req, doc.get("parameters") or {}, request.headers)
+    return explanation_response(request, e) or json_response(v1_explanation(e))
 
 
 def routes() -> list[Route]:

@@ -1,22 +1,24 @@
-"""KServe V2 REST endpoints (health, metadata, infer, repository extension)."""
+"""KServe V2 REST endpoints (health, metadata, infer, explain, repository extension)."""
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .http import dataplane, json_response, read_body
+from ...types import InferRequest, InferResponse
 from .codec import HEADER, decode_headerless, decode_infer_request, encode_infer_response, parse_json
+from .explain import explanation_response, v2_explanation
+from .http import dataplane, json_response, read_body
+
+#: The V2 protocol answers a health question (live, ready, model ready) with 200 for true and a
+#: 4xx for false; Triton and OVMS answer 400, and so does ovserve (a Kubernetes probe fails on any
+#: status from 400 on).
+NOT_HEALTHY = 400
 
 
 async def server_metadata(request: Request) -> Response:
-    return json_response(dataplane(request).server_metadata())
-
-
-#: The status of a health answer of false. The V2 protocol says a 200 means true and a 4xx
-#: false, for server live, server ready and model ready alike; Triton and OVMS answer 400,
-#: and so does ovserve (a Kubernetes probe fails on any status from 400 on).
-NOT_HEALTHY = 400
+    md = dataplane(request).server_metadata()
+    return json_response({"name": md.name, "version": md.version, "extensions": list(md.extensions)})
 
 
 async def live(request: Request) -> Response:
@@ -58,35 +60,52 @@ async def model_ready(request: Request) -> Response:
     return json_response({"name": name, "ready": ok}, 200 if ok else NOT_HEALTHY)
 
 
-async def infer(request: Request) -> Response:
+async def _decode(request: Request) -> InferRequest:
     name, version = _name_version(request)
     body = await read_body(request, request.app.state.max_request_bytes)
     header = request.headers.get(HEADER)
     if header is not None and header.strip() == "0":
-        req = decode_headerless(name, version, body, dataplane(request).input_specs(name, version))
-    else:
-        req = decode_infer_request(name, version, body, header)
-    resp = await dataplane(request).infer(req)
-    payload, header_len = encode_infer_response(resp, req)
+        return decode_headerless(name, version, body, dataplane(request).input_specs(name, version))
+    return decode_infer_request(name, version, body, header)
+
+
+def _encoded(response: InferResponse, request: InferRequest) -> Response:
+    payload, header_len = encode_infer_response(response, request)
     if header_len is None:
         return Response(payload, media_type="application/json")
-    return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_len)})
+    return Response(payload, media_type="application/octet-stream", headers={HEADER: str(header_len)})
+
+
+async def infer(request: Request) -> Response:
+    req = await _decode(request)
+    # the client's binary_data_output, whatever a transformer's handler does to the request
+    asked = dict(req.parameters) if req.parameters else req.parameters
+    resp = await dataplane(request).infer(req, request.headers)
+    req.parameters = asked
+    return _encoded(resp, req)
+
+
+async def explain(request: Request) -> Response:
+    req = await _decode(request)
+    e = await dataplane(request).explain(req, dict(req.parameters), request.headers)
+    return explanation_response(request, e) or _encoded(v2_explanation(e, req.id), req)
 
 
 async def repository_index(request: Request) -> Response:
     body = await read_body(request, request.app.state.max_request_bytes)
     doc = parse_json(body) if body.strip() else {}
     ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
-    return json_response(dataplane(request).manager.index(ready_only))
+    rows = dataplane(request).repository_index(ready_only)
+    return json_response([{"name": r.name, "version": r.version, "state": r.state, "reason": r.reason} for r in rows])
 
 
 async def repository_load(request: Request) -> Response:
-    await dataplane(request).manager.load(request.path_params["model"])
+    await dataplane(request).load_model(request.path_params["model"])
     return json_response({})
 
 
 async def repository_unload(request: Request) -> Response:
-    await dataplane(request).manager.unload(request.path_params["model"])
+    await dataplane(request).unload_model(request.path_params["model"])
     return json_response({})
 
 
@@ -104,6 +123,7 @@ def routes() -> list[Route]:
         Route(mv + "/ready", model_ready, methods=["GET"]),
         Route(m + "/infer", infer, methods=["POST"]),
         Route(mv + "/infer", infer, methods=["POST"]),
+        Route(m + "/explain", explain, methods=["POST"]),
         Route("/v2/repository/index", repository_index, methods=["POST"]),
         Route("/v2/repository/models/{model}/load", repository_load, methods=["POST"]),
         Route("/v2/repository/models/{model}/unload", repository_unload, methods=["POST"]),

@@ -1,0 +1,191 @@
+"""The model server's data plane: models from the repository, run by OpenVINO.
+
+Checks a request against the model it names (inputs, datatypes, shapes; encoded
+images decoded to the model's layout), runs it, and answers in neutral types.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from .codecs.datatypes import V2_TO_NUMPY
+from .codecs.tensors import encoding_parameters
+from .codecs.images import check_count, decode_images
+from .dataplane import DataPlane
+from .errors import InvalidInput, Unavailable
+from .repository.manager import ModelManager
+from .repository.states import State
+from .runtime.openvino import OpenVINOModel
+from .types import (Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, PortInfo, ServerMetadata,
+                    Tensor, VersionStatus)
+from . import __version__
+
+SERVER_NAME = "ovserve"
+#: Protocol extensions ovserve really implements (reported by server metadata).
+EXTENSIONS = ("model_repository", "binary_tensor_data", "parameters")
+PLATFORM = "OpenVINO"
+
+
+class ModelServer(DataPlane):
+    def __init__(self, manager: ModelManager) -> None:
+        super().__init__()
+        self.manager = manager
+        # OpenCV releases the GIL: the images of a batch decode in parallel, off the loop.
+        self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")
+
+    # -- lifecycle ------------------------------------------------------------
+    async def start(self) -> None:
+        """The initial load; the server is ready for good once it has finished (a ready latch)."""
+        await self.manager.start()
+
+    async def stop(self) -> None:
+        await self.manager.stop()
+
+    # -- health and metadata ----------------------------------------------
+    def server_ready(self) -> bool:
+        return self.manager.ready
+
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata(SERVER_NAME, __version__, EXTENSIONS)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the model (version) can serve: available, and its inferences making progress."""
+        served = self.manager.served(name)  # NotFound for an unknown model
+        if version:
+            try:
+                mv = self.manager.version(name, version)
+            except Unavailable:
+                return False
+            return mv.model is not None and not mv.model.stalled()
+        available = served.available()  # requests without a version go to the latest
+        return bool(available) and available[-1].model is not None and not available[-1].model.stalled()
+
+    def model_names(self) -> list[str]:
+        return sorted(self.manager.models)
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        mv = self.manager.version(name, version)
+        model = mv.model
+        assert model is not None
+        versions = [str(v.version) for v in self.manager.served(name).available()] if not version else [str(mv.version)]
+        return ModelMetadata(
+            name=name,
+            versions=versions,
+            platform=PLATFORM,
+            inputs=[p.spec for p in model.inputs],
+            outputs=[p.spec for p in model.outputs],
+        )
+
+    def model_status(self, name: str) -> list[VersionStatus]:
+        """OVMS-style per-version states of a model (all versions, whatever their state)."""
+        served = self.manager.served(name)
+        return [VersionStatus(str(v), mv.status.state.value, mv.status.error_code, mv.status.error_message)
+                for v, mv in sorted(served.versions.items())]
+
+    def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
+        mv = self.manager.version(name, version)
+        assert mv.model is not None
+        return list(mv.model.inputs)
+
+    # -- inference --------------------------------------------------------
+    async def infer(self, request: InferRequest, headers: Headers | None = None) -> InferResponse:
+        mv = self.manager.acquire(request.model_name, request.model_version)
+        try:
+            model = mv.model
+            assert model is not None and mv.status.state is State.AVAILABLE
+            feed, images = check_inputs(request, model)
+            wanted = check_outputs(request, model)
+            if images:
+                await self._decode(feed, images)
+            results = await model.infer(feed)
+        finally:
+            self.manager.release(mv)
+        outputs = []
+        for port, params in wanted:
+            arr = results[port.name]
+            outputs.append(Tensor(port.name, port.datatype, tuple(arr.shape), arr, params))
+        return InferResponse(
+            model_name=request.model_name,
+            model_version=str(mv.version),
+            outputs=outputs,
+            id=request.id,
+        )
+
+    # -- the model repository extension ---------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return [IndexEntry(**row) for row in self.manager.index(ready_only)]
+
+    async def load_model(self, name: str) -> None:
+        await self.manager.load(name)
+
+    async def unload_model(self, name: str) -> None:
+        await self.manager.unload(name)
+
+    async def _decode(self, feed: dict, images: list[tuple[Tensor, PortInfo]]) -> None:
+        loop = asyncio.get_running_loop()
+        for tensor, port in images:
+            feed[port.name] = await loop.run_in_executor(
+                None, decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
+                port.dims, port.layout, V2_TO_NUMPY[port.datatype], self._decoders,
+            )
+
+
+def takes_images(tensor: Tensor, port: PortInfo) -> bool:
+    """OVMS rule: BYTES of shape [N] into a 4-D non-string input are N encoded images."""
+    return tensor.datatype == "BYTES" and port.datatype != "BYTES" and len(port.dims) == 4
+
+
+def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict, list[tuple[Tensor, PortInfo]]]:
+    """Match request inputs to model inputs: names, count, datatype, shape.
+
+    Returns the feed and the inputs that still need image decoding.
+    """
+    ports = {p.name: p for p in model.inputs}
+    feed: dict = {}
+    images: list[tuple[Tensor, PortInfo]] = []
+    for tensor in request.inputs:
+        port = ports.get(tensor.name)
+        if port is None:
+            raise InvalidInput(f"unknown input {tensor.name!r}; model {request.model_name!r} has inputs {list(ports)}")
+        if tensor.name in feed:
+            raise InvalidInput(f"input {tensor.name!r} is given more than once")
+        if takes_images(tensor, port):
+            if len(tensor.shape) != 1:
+                raise InvalidInput(
+                    f"input {tensor.name!r}: encoded images are sent with shape [N] (the number of images), "
+                    f"got {list(tensor.shape)}"
+                )
+            # Before any image is decoded: the count against the model's batch dimension and --max-images.
+            check_count(f"input {tensor.name!r}", tensor.shape[0], port.dims)
+            feed[tensor.name] = None
+            images.append((tensor, port))
+            continue
+        if tensor.datatype != port.datatype:
+            raise InvalidInput(
+                f"input {tensor.name!r}: datatype {tensor.datatype} does not match the model's {port.datatype}"
+            )
+        shape = tensor.shape
+        if len(shape) != len(port.dims) or not all(d.accepts(n) for d, n in zip(port.dims, shape)):
+            raise InvalidInput(
+                f"input {tensor.name!r}: shape {list(shape)} does not fit the model's "
+                f"[{','.join(str(d) for d in port.dims)}]"
+            )
+        feed[tensor.name] = tensor.data
+    missing = [n for n in ports if n not in feed]
+    if missing:
+        raise InvalidInput(f"missing inputs {missing}; model {request.model_name!r} needs {list(ports)}")
+    return feed, images
+
+
+def check_outputs(request: InferRequest, model: OpenVINOModel) -> list[tuple[PortInfo, dict]]:
+    ports = {p.name: p for p in model.outputs}
+    if not request.outputs:
+        return [(p, {}) for p in model.outputs]
+    wanted = []
+    for out in request.outputs:
+        port = ports.get(out.name)
+        if port is None:
+            raise InvalidInput(f"unknown output {out.name!r}; model {request.model_name!r} has outputs {list(ports)}")
+        wanted.append((port, encoding_parameters(out.parameters)))
+    return wanted
