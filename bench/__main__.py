@@ -21,13 +21,15 @@ from .loadgen import Case
 from .measure import ROOT, Row, run_case, wait_quiet
 
 PROTOCOLS = ("grpc", "rest-json", "rest-binary")
+#: Where a run is written by default: one file per run, cited by docs/performance.md.
+RESULTS = ROOT / "bench" / "results"
 SETTLE = 2.0  # seconds a server idles after loading before its idle RSS is read
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true",
-                   help="seconds-long check: add and resnetish, concurrency 1, no peer, no docs")
+                   help="seconds-long check: add and resnetish, concurrency 1, no peer; writes files only with --out")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per case")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each case")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated in-flight requests")
@@ -56,10 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-noise", type=float, default=15, metavar="PCT",
                    help="rerun a case (after waiting for quiet, at most twice) when other processes used "
                         "more than PCT %% of a core during it")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where CSV and latest.md go")
-    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "performance.md",
-                   help="the file that gets a dated summary section")
-    p.add_argument("--no-docs", action="store_true", help="do not touch docs/performance.md")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="where the run's <YYYYMMDD-HHMM>.md, latest.md and CSV go (default: bench/results; "
+                        "with --smoke, nowhere unless given)")
     args = p.parse_args(argv)
     if args.grpc_client is None:
         import importlib.util
@@ -75,9 +76,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
         args.grpc_engines = "grpcio,native" if importlib.util.find_spec("pygrpc_native") else "grpcio"
     args.grpc_engines = [e for e in args.grpc_engines.split(",") if e]
+    if args.out is None and not args.smoke:  # a smoke run's seconds-long numbers are no result to keep
+        args.out = RESULTS
     if args.smoke:
         args.duration, args.warmup, args.concurrency = min(args.duration, 1.5), 0.3, "1"
-        args.no_peer, args.no_docs, args.wait_quiet = True, True, 0
+        args.no_peer, args.wait_quiet = True, 0
         args.models = ",".join(m for m in args.models.split(",") if m != "mobilenet_v2")
     return args
 
@@ -227,8 +230,11 @@ def main(argv: list[str]) -> int:
                      bench.idle_all, specs.hints())
     print()
     print(report.render(run, markdown=False))
-    written = report.write_outputs(run, args.out, None if args.no_docs else args.docs)
-    print("\nwrote " + ", ".join(str(p) for p in written))
+    if args.out is not None:
+        written = report.write_outputs(run, args.out)
+        print("\nwrote " + ", ".join(str(p) for p in written))
+    else:
+        print("\n--smoke: nothing written (--out DIR keeps the run's files)")
     return 0
 
 

@@ -1,7 +1,11 @@
 """The results: one table, the ratios, the issue's targets, and where they are written.
 
-``bench/results/`` gets a CSV of every row (``<stamp>.csv``, gitignored) and
-``latest.md``; ``docs/performance.md`` gets a dated section (newest first).
+A run is written to ``bench/results/`` (``--out``), one file per run:
+``<YYYYMMDD-HHMM>.md`` (machine, software, command, the table and the targets;
+committed when a decision cites it), the same text as ``latest.md``, and every
+row as ``<YYYYMMDD-HHMM>.csv`` (gitignored). Nothing here writes into docs/:
+docs/performance.md is written by hand and names the run files it took its
+numbers from.
 """
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
 SERVERS = ("raw", "ovserve", "ovserve-native", "ovserve-batch", "kserve")
 #: ovserve's gRPC engines: the server label whose rows each one's gRPC targets are read from.
 GRPC_ENGINES = {"grpcio": "ovserve", "native": "ovserve-native"}
-DOC_MARKER = "<!-- bench runs below, newest first -->"
 NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
 
 
@@ -215,11 +218,12 @@ def write_csv(run: Run, path: Path) -> None:
             w.writerow({"started": stamp, **r})
 
 
-def section(run: Run) -> str:
+def document(run: Run) -> str:
+    """The run's file: what ran where (machine, software, command, properties), then the tables."""
     m = machine()
     versions = ", ".join(f"{k} {v}" for k, v in run.versions.items())
     return "\n".join([
-        f"## {run.started.strftime('%Y-%m-%d %H:%M UTC')}",
+        f"# ovserve benchmark, {run.started.strftime('%Y-%m-%d %H:%M UTC')}",
         "",
         f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}; Python {m['python']}",
         f"- software: {versions}",
@@ -233,21 +237,22 @@ def section(run: Run) -> str:
     ])
 
 
-def write_outputs(run: Run, out_dir: Path, docs: Path | None) -> list[Path]:
+def stamp(started: datetime, out_dir: Path) -> str:
+    """``YYYYMMDD-HHMM`` of the run's start; with the seconds when a run of the same minute is already there."""
+    short = started.strftime("%Y%m%d-%H%M")
+    return short if not (out_dir / f"{short}.md").exists() else started.strftime("%Y%m%d-%H%M%S")
+
+
+def write_outputs(run: Run, out_dir: Path) -> list[Path]:
+    """``<stamp>.md``, ``latest.md`` (the same text) and ``<stamp>.csv`` in ``out_dir``; returns them."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = run.started.strftime("%Y%m%d-%H%M%S")
-    csv_path, md_path = out_dir / f"{stamp}.csv", out_dir / "latest.md"
+    name = stamp(run.started, out_dir)
+    md_path, latest, csv_path = out_dir / f"{name}.md", out_dir / "latest.md", out_dir / f"{name}.csv"
+    text = document(run)
+    md_path.write_text(text)
+    latest.write_text(text)
     write_csv(run, csv_path)
-    md_path.write_text("# ovserve benchmark, latest run\n\n" + section(run))
-    written = [csv_path, md_path]
-    if docs is not None:
-        text = docs.read_text() if docs.exists() else ""
-        if DOC_MARKER not in text:
-            text = text.rstrip() + ("\n\n" if text.strip() else "") + DOC_MARKER + "\n"
-        head, _, tail = text.partition(DOC_MARKER)
-        docs.write_text(head + DOC_MARKER + "\n\n" + section(run) + tail.lstrip("\n"))
-        written.append(docs)
-    return written
+    return [md_path, latest, csv_path]
 
 
 def now() -> datetime:
