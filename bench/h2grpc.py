@@ -1,8 +1,9 @@
 """A minimal gRPC unary client over HTTP/2 on a raw asyncio connection.
 
-grpcio's Python client spends 120-200 us of CPU per call on this machine,
-about as much as the server it measures; this one writes pre-built frames
-and costs a fraction of that, so the load generator stays out of the way.
+grpcio's Python client spends about as much CPU per call as the server it
+measures; this one writes pre-built frames and costs a fraction of that, so
+the load generator stays out of the way (docs/performance.md "How the
+numbers are made").
 
 What it does, and no more: the connection preface and SETTINGS (a 2^31-1
 receive window, so the server never waits for us), one stream per call with

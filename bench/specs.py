@@ -39,14 +39,14 @@ class ModelSpec:
         return rng.standard_normal(self.shape).astype(np.float32)
 
 
-#: Each model's properties, the same for every runner (why: docs/performance.md). LATENCY
+#: Each model's properties, the same for every runner (why, measured: docs/performance.md
+#: "A hint per model" and "One inference thread for a model of microseconds"). LATENCY
 #: (one stream of every core) for `resnetish` (a few large layers; single-request latency is
 #: a target); for `add` too, with one inference thread: it takes microseconds, runs inline
 #: on the server's loop, and a second thread would only spin in TBB for the next one;
 #: THROUGHPUT (one stream per core) for the real MobileNetV2, whose ~100 small layers each
 #: end in a barrier of the stream's threads: with one stream of two threads, any other
-#: thread that takes a core (the server's own loop, the load generator) stalls both, and
-#: LATENCY served it at ~0.45 x raw.
+#: thread that takes a core (the server's own loop, the load generator) stalls both.
 LATENCY = {"PERFORMANCE_HINT": "LATENCY"}
 THROUGHPUT = {"PERFORMANCE_HINT": "THROUGHPUT"}
 

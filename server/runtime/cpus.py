@@ -8,7 +8,8 @@ a fraction of each scheduling period, the whole group is throttled until the
 next one, and an inference that straddles it waits tens of milliseconds.
 ovserve therefore gives OpenVINO ``INFERENCE_NUM_THREADS`` = the quota
 (rounded down) when the quota is below the visible CPUs and the model's
-``plugin_config`` does not choose its threads itself.
+``plugin_config`` does not choose its threads itself (measured:
+docs/performance.md "A cgroup CPU quota caps OpenVINO's threads").
 
 Both cgroup versions are read: v2's ``cpu.max`` ("max 100000" or
 "200000 100000") and v1's ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, at the

@@ -1,29 +1,29 @@
-"""Keeping the server's resident memory small (measured in bench/: docs/performance.md).
+"""Keeping the server's resident memory small (what each step saves: docs/performance.md "Memory").
 
 Two things, both measured on the benchmark's idle server with ``add`` and
 ``resnetish`` loaded:
 
 - ``import openvino`` also imports its model conversion tool (``ovc``), which
-  pulls in OpenVINO's telemetry and its TensorFlow frontend: about 13 MiB of
-  RSS that a server reading IR and ONNX files never uses. OpenVINO's package
+  pulls in OpenVINO's telemetry and its TensorFlow frontend: RSS that a
+  server reading IR and ONNX files never uses. OpenVINO's package
   treats that import as optional (it is wrapped in ``try/except ImportError``),
   so :func:`import_openvino` hides ``openvino.tools.ovc`` while OpenVINO
   imports. ``openvino.tools.ovc`` can still be imported explicitly afterwards.
   :func:`without_unused_modules` does the same, while the server imports, for
   the other optional imports of its dependencies that it never uses: uvicorn's
   ``watchfiles`` (``--reload`` only) and Starlette's ``python_multipart`` (form
-  parsing), about 2 MiB; neither is a dependency of ovserve, but they are
+  parsing); neither is a dependency of ovserve, but they are
   installed beside it wherever the KServe SDK is (the test and bench venv).
 - Loading and compiling a model allocates and frees a lot on worker threads;
   glibc keeps those freed pages. :func:`release_free_memory` hands them back
-  (``malloc_trim``) after models are loaded or unloaded: about 10 MiB.
+  (``malloc_trim``) after models are loaded or unloaded.
 
 And one thing for speed, :func:`tune_allocator`: with glibc's defaults, a
 request of a few hundred KB (resnetish: 600 KB) is allocated with ``mmap``
 or at the top of the heap, freed, and handed back to the kernel, so every copy
-of every request faults its pages in afresh: ~270 page faults per resnetish
-gRPC request. Fixed thresholds (buffers up to 16 MiB from the heap, the
-heap's top returned to the kernel only past 64 MiB free) bring that to ~1.
+of every request faults its pages in afresh. Fixed thresholds (buffers up to
+16 MiB from the heap, the heap's top returned to the kernel only past 64 MiB
+free) keep those pages (docs/performance.md "glibc malloc thresholds").
 """
 from __future__ import annotations
 

@@ -150,12 +150,11 @@ def find_model_file(version_dir: Path) -> Path:
 
 #: A model whose inferences take less than this runs them inline on the event
 #: loop: a thread hop, a GIL hand-off and a loop wake-up cost more than the
-#: inference itself (measured in bench/: add REST JSON c16 +60-90%). A longer
-#: inference never runs inline, however the model is compiled: the loop would
-#: answer nothing else meanwhile, and under mixed load one model's
+#: inference itself (docs/performance.md "Tiny models run inline on the loop").
+#: A longer inference never runs inline, however the model is compiled: the
+#: loop would answer nothing else meanwhile, and under mixed load one model's
 #: milliseconds-long inferences starved every other model, and the transport
-#: that needs the most loop turns per request (grpcio: p50 3-5x REST's;
-#: docs/performance.md "Soak").
+#: that needs the most loop turns per request (docs/performance.md "Soak").
 INLINE_BELOW_S = 150e-6
 #: Weight of the newest measurement in the running estimate of an inference's duration.
 _EWMA = 0.2
@@ -419,8 +418,8 @@ class OpenVINOModel:
                     tensor = ov.Tensor(arr, shared_memory=True)
                 else:
                     # read-only (a view of the request's bytes) or strided: one copy,
-                    # which OpenVINO then shares (cheaper than reshaping a kept tensor:
-                    # reading an ov.Tensor's shape alone costs ~18 us)
+                    # which OpenVINO then shares (cheaper than reshaping a kept tensor;
+                    # docs/performance.md "Read-only inputs copied once")
                     arr = np.array(arr)
                     tensor = ov.Tensor(arr, shared_memory=True)
                 keep.append(arr)
