@@ -195,10 +195,10 @@ def render(run: Run, markdown: bool) -> str:
     parts = [
         table(header, body),
         "",
-        f"Idle RSS before any request, add and resnetish loaded: {idle}; "
-        f"{', '.join(run.models)} loaded: {idle_all}.",
-        *([f"`!`: other processes took more than {NOISY_PCT}% of a core during the case (after reruns); "
-           "its numbers are not to be trusted."] if any(r.other_cpu_pct > NOISY_PCT for r in run.rows) else []),
+        (f"Idle RSS before any request, add and resnetish loaded: {idle}; "
+         f"{', '.join(run.models)} loaded: {idle_all}."),
+        *([(f"`!`: other processes took more than {NOISY_PCT}% of a core during the case (after reruns); "
+            "its numbers are not to be trusted.")] if any(r.other_cpu_pct > NOISY_PCT for r in run.rows) else []),
         "",
         "Targets (issue 4):" if not markdown else "Targets (issue 4):\n",
         table(t_header, t_body),
@@ -229,8 +229,8 @@ def document(run: Run) -> str:
         f"- software: {versions}",
         f"- command: `{run.command}` ({run.duration:g} s per case, closed loop, batch 1, 127.0.0.1)",
         *([f"- OpenVINO properties per model (the same for every runner): {run.hints}"] if run.hints else []),
-        f"- other processes' CPU just before the run: {run.background_pct:.0f}% of a core "
-        "(per case: the 'other CPU %' column)",
+        (f"- other processes' CPU just before the run: {run.background_pct:.0f}% of a core "
+         "(per case: the 'other CPU %' column)"),
         "",
         render(run, markdown=True),
         "",
