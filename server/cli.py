@@ -2,24 +2,24 @@
 
 ``ovserve serve`` runs the model server. Every flag of ``serve`` can also be
 set through the environment as ``OVSERVE_<FLAG>`` (``--rest-port`` ->
-``OVSERVE_REST_PORT``); a flag on the command line wins.
+``OVSERVE_REST_PORT``); a flag on the command line wins (:mod:`.flags`).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
+import dataclasses
 import importlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from . import __version__
-from .config import GRPC_ENGINES, Settings
-
-ENV_PREFIX = "OVSERVE_"
+from .config import Settings
+from .flags import ENV_PREFIX, add as _add, add_process_flags
+from .process import configure_logging, run_event_loop
 #: subcommands whose parser (``add_parser(sub)``) and entry point live in their own module
 _COMPONENTS = {
     "storage-initializer": ".storage",
@@ -31,28 +31,11 @@ _COMPONENTS = {
 SWITCH_INTERVAL = 0.0005
 
 
-def _env_default(dest: str, cast: Callable[[str], Any], fallback: Any) -> Any:
-    raw = os.environ.get(ENV_PREFIX + dest.upper())
-    if raw is None or raw == "":
-        return fallback
-    try:
-        return cast(raw)
-    except (TypeError, ValueError):
-        raise SystemExit(f"ovserve: {ENV_PREFIX + dest.upper()}={raw!r} is not valid") from None
-
-
 def _json_object(text: str) -> dict:
     value = json.loads(text)
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
-
-
-def _add(p: argparse.ArgumentParser, flag: str, cast: Callable[[str], Any], default: Any, help: str, **kw: Any) -> None:
-    dest = flag.lstrip("-").replace("-", "_")
-    env = ENV_PREFIX + dest.upper()
-    p.add_argument(flag, dest=dest, type=cast, default=_env_default(dest, cast, default),
-                   help=f"{help} [env {env}; default {default}]", **kw)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -81,25 +64,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(src, "--config", Path, None, "serve the models an OVMS-style config.json lists; the file is watched", metavar="FILE")
     _add(src, "--model-name", str, None, "single-model mode: the model's name", metavar="NAME")
     _add(src, "--model-path", Path, None, "single-model mode: the folder holding its numbered version folders", metavar="DIR")
-    net = serve.add_argument_group("network")
-    _add(net, "--host", str, d.host, "address to listen on")
-    _add(net, "--rest-port", int, d.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)")
-    _add(net, "--grpc-port", int, d.grpc_port, "KServe V2 gRPC port; 0 picks a free port (logged)")
-    _add(net, "--grpc-engine", str, d.grpc_engine,
-         "gRPC server: grpcio (grpc.aio) or native (pygrpc-native: HTTP/2 outside the GIL, "
-         "2-3x the calls per second for small requests; pip install 'ovserve[grpc-native]')",
-         choices=list(GRPC_ENGINES))
-    _add(net, "--max-request-bytes", int, d.max_request_bytes, "largest request accepted, REST and gRPC")
-    _add(net, "--max-image-pixels", int, d.max_image_pixels, "largest encoded image decoded (width x height)")
-    _add(net, "--max-images", int, d.max_images, "most encoded images one request may carry (413 past it)")
-    _add(net, "--max-header-bytes", int, d.max_header_bytes,
-         "largest REST request head (request line and header fields); 431 past it")
-    ops = serve.add_argument_group("operation")
-    _add(ops, "--log-level", str, d.log_level, "debug, info, warning or error",
-         choices=["debug", "info", "warning", "error"])
-    _add(ops, "--event-loop", str, d.event_loop, "event loop: uvloop or asyncio", choices=["uvloop", "asyncio"])
-    _add(ops, "--poll-interval", float, d.poll_interval, "seconds between checks of the config file and version folders; 0 disables")
-    _add(ops, "--grace-period", float, d.grace_period, "seconds in-flight requests get to finish on SIGTERM")
+    add_process_flags(serve, d)
+    limits = serve.add_argument_group("limits and watching")
+    _add(limits, "--max-image-pixels", int, d.max_image_pixels, "largest encoded image decoded (width x height)")
+    _add(limits, "--max-images", int, d.max_images, "most encoded images one request may carry (413 past it)")
+    _add(limits, "--poll-interval", float, d.poll_interval,
+         "seconds between checks of the config file and version folders; 0 disables")
     one = serve.add_argument_group(
         "model options (as in config.json; defaults for every model, config.json entries override them)")
     _add(one, "--target-device", str, d.target_device, "OpenVINO device")
@@ -121,39 +91,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if command in (None, name):
             importlib.import_module(module, __package__).add_parser(sub)
     # The top-level help lists every serve option too, each with its environment variable.
-    flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
+    options = [a for a in serve._actions if a.option_strings and a.dest != "help"]
     parser.epilog = "options of `ovserve serve` (details: ovserve serve --help):\n" + "\n".join(
-        f"  {a.option_strings[0]:<22} {ENV_PREFIX}{a.dest.upper()}" for a in flags
+        f"  {a.option_strings[0]:<22} {ENV_PREFIX}{a.dest.upper()}" for a in options
     )
     return parser
 
 
 def settings_from_args(ns: argparse.Namespace) -> Settings:
-    fields = {f for f in Settings.__slots__}  # type: ignore[attr-defined]
+    fields = {f.name for f in dataclasses.fields(Settings)}
     values = {k: v for k, v in vars(ns).items() if k in fields}
     shape = values.get("shape")
     if isinstance(shape, str) and shape.strip().startswith("{"):
         values["shape"] = json.loads(shape)
     return Settings(**values)
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def _run(coro: Any, loop: str = "uvloop") -> int:
-    if loop == "uvloop":
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-            pass
-        else:
-            return uvloop.run(coro)
-    return asyncio.run(coro)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "demo":
         from .demo import write_demo_repository
 
-        _configure_logging("info")
+        configure_logging("info")
         print(write_demo_repository(ns.directory, classifier=ns.classifier))
         return 0
     if ns.command == "storage-initializer":
@@ -189,19 +140,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.mode()
     except ValueError as exc:
         parser.serve_parser.error(str(exc))  # type: ignore[attr-defined]
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     from .runtime.memory import tune_allocator, without_unused_modules
 
     tune_allocator()  # before the server allocates anything sizeable (see runtime/memory.py)
     with without_unused_modules():
-        from .app import serve  # heavy imports only when serving
+        from .serve import serve  # heavy imports only when serving
 
     # OpenVINO's completion threads hand results back under the GIL; a shorter
     # switch interval than the default 5 ms lets them in sooner (measured in
     # bench/: +0-29% throughput, best on REST binary; docs/performance.md).
     sys.setswitchinterval(SWITCH_INTERVAL)
 
-    code = _run(serve(settings), settings.event_loop)
+    code = run_event_loop(serve(settings), settings.event_loop)
     # A model load stuck in a worker thread must not keep the process alive.
     logging.shutdown()
     sys.stdout.flush()

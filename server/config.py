@@ -1,8 +1,9 @@
-"""Server settings: loaded once, from the command line with OVSERVE_* fallbacks.
+"""Settings: loaded once, from the command line with OVSERVE_* fallbacks.
 
-Each field of :class:`Settings` is one ``ovserve serve`` flag; ``--rest-port``
-is also read from ``OVSERVE_REST_PORT`` and so on. Flags win over the
-environment, the environment over the defaults here.
+Each field is one flag; ``--rest-port`` is also read from ``OVSERVE_REST_PORT``
+and so on (:mod:`.flags`). Flags win over the environment, the environment over
+the defaults here. :class:`ProcessSettings` are what every process with
+listeners shares; :class:`Settings` adds the model server's own.
 """
 from __future__ import annotations
 
@@ -22,21 +23,16 @@ GRPC_ENGINES = {"grpcio": "grpcio", "native": "pygrpc-native"}
 
 
 @dataclass(slots=True)
-class Settings:
-    #: Serve every model folder in this directory (OVMS repository layout).
-    model_repository: Path | None = None
-    #: Serve what this OVMS-style config.json lists; watched for changes.
-    config: Path | None = None
-    #: Single-model mode: the model's name ...
-    model_name: str | None = None
-    #: ... and the folder holding its numbered version folders.
-    model_path: Path | None = None
-    #: Address both transports listen on.
+class ProcessSettings:
+    """What every ovserve process with listeners shares (``serve``, ``transformer``, ``explainer``):
+    the same flags, the same ``OVSERVE_*`` variables, the same defaults."""
+
+    #: Address every listener binds.
     host: str = "0.0.0.0"
     #: KServe V1/V2 REST port (0 = an ephemeral port, logged at start).
     rest_port: int = 8080
-    #: KServe V2 gRPC port (0 = an ephemeral port, logged at start).
-    grpc_port: int = 8081
+    #: KServe V2 gRPC port (0 = an ephemeral port, logged at start; None = no gRPC listener).
+    grpc_port: int | None = 8081
     #: gRPC server engine: grpcio (grpc.aio) or native (pygrpc-native, the grpc-native extra).
     grpc_engine: str = "grpcio"
     #: Event loop implementation: uvloop (default where installed) or asyncio.
@@ -45,16 +41,30 @@ class Settings:
     log_level: str = "info"
     #: Largest request body accepted, REST and gRPC alike.
     max_request_bytes: int = 1 << 30
+    #: Largest request head (request line and header fields) the REST port reads; past it, 431.
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    #: Seconds in-flight requests get to finish after SIGTERM.
+    grace_period: float = 25.0
+
+
+@dataclass(slots=True)
+class Settings(ProcessSettings):
+    """``ovserve serve``: the process settings and the model server's own."""
+
+    #: Serve every model folder in this directory (OVMS repository layout).
+    model_repository: Path | None = None
+    #: Serve what this OVMS-style config.json lists; watched for changes.
+    config: Path | None = None
+    #: Single-model mode: the model's name ...
+    model_name: str | None = None
+    #: ... and the folder holding its numbered version folders.
+    model_path: Path | None = None
     #: Largest image (width x height pixels) decoded from BYTES inputs; guards against decompression bombs.
     max_image_pixels: int = 64 * 1024 * 1024
     #: Most encoded images one request may carry (each is decoded to a full H x W x C array).
     max_images: int = 1024
-    #: Largest request head (request line and header fields) the REST port reads; past it, 431.
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     #: Seconds between checks of the config file and version folders (0 = never).
     poll_interval: float = 1.0
-    #: Seconds in-flight requests get to finish after SIGTERM.
-    grace_period: float = 25.0
     #: Model defaults (config.json entries override them): the OpenVINO device.
     target_device: str = "CPU"
     #: Model defaults: number of parallel infer requests (0 = device's optimum).

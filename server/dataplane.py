@@ -57,7 +57,7 @@ class DataPlane(abc.ABC):
     def model_status(self, name: str) -> list[VersionStatus]: ...
 
     @abc.abstractmethod
-    def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
+    async def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
         """The model's inputs, for decoders that need them (V1 instances, a headerless binary body)."""
 
     # -- inference ----------------------------------------------------------

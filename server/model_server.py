@@ -6,6 +6,7 @@ images decoded to the model's layout), runs it, and answers in neutral types.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,10 +17,13 @@ from .dataplane import DataPlane
 from .errors import InvalidInput, Unavailable
 from .repository.manager import ModelManager
 from .repository.states import State
+from .runtime.memory import release_free_memory
 from .runtime.openvino import OpenVINOModel
 from .types import (Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, PortInfo, ServerMetadata,
                     Tensor, VersionStatus)
 from . import __version__
+
+log = logging.getLogger("ovserve")
 
 SERVER_NAME = "ovserve"
 #: Protocol extensions ovserve really implements (reported by server metadata).
@@ -37,7 +41,9 @@ class ModelServer(DataPlane):
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> None:
         """The initial load; the server is ready for good once it has finished (a ready latch)."""
+        log.info("loading models from %s", self.manager.source.describe())
         await self.manager.start()
+        release_free_memory()  # what start-up freed goes back to the OS
 
     async def stop(self) -> None:
         await self.manager.stop()
@@ -83,7 +89,7 @@ class ModelServer(DataPlane):
         return [VersionStatus(str(v), mv.status.state.value, mv.status.error_code, mv.status.error_message)
                 for v, mv in sorted(served.versions.items())]
 
-    def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
+    async def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
         mv = self.manager.version(name, version)
         assert mv.model is not None
         return list(mv.model.inputs)

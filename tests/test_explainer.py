@@ -335,7 +335,7 @@ def test_the_operator_wiring_of_the_example_starts_the_explainer(predictor):
     args = container["args"]
     ns = build_parser().parse_args(args)
     assert (ns.command, ns.model_name, ns.predictor_host) == ("explainer", "cat-classifier", "cat-classifier-predictor.ml")
-    assert ns.http_port == container["ports"][0]["containerPort"] and ns.predictor_protocol == "v2"
+    assert ns.rest_port == container["ports"][0]["containerPort"] and ns.predictor_protocol == "v2"
     # The same args, pointed at a local predictor on an ephemeral port, serve explanations of its model.
     local = dict(zip(args[1::2], args[2::2])) if len(args) % 2 else {}
     assert local, args
@@ -359,7 +359,7 @@ def test_flags_take_kserve_and_dashed_names():
     b = parse(["explainer", "--model-name", "m", "--predictor-host", "p:81", "--http-port", "0",
                "--predictor-use-ssl", "true", "--predictor-request-timeout-seconds", "3"])
     assert vars(a) == vars(b)
-    assert (a.model_name, a.predictor_host, a.http_port, a.predictor_use_ssl) == ("m", "p:81", 0, True)
+    assert (a.model_name, a.predictor_host, a.rest_port, a.predictor_use_ssl) == ("m", "p:81", 0, True)
     assert parse(["explainer", "--model_name", "m", "--predictor_host", "p", "--predictor_use_ssl", "false"]).predictor_use_ssl is False
 
 

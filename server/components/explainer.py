@@ -25,16 +25,15 @@ import argparse
 import asyncio
 import logging
 import math
-import signal
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from .. import ports
-from ..config import DEFAULT_MAX_HEADER_BYTES
+from ..config import ProcessSettings
+from ..flags import add_process_flags, boolean, process_settings
+from ..process import configure_logging, run_event_loop
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
 from ..types import (Explanation, Headers, InferRequest, ModelMetadata, Parameters, RequestedOutput, ServerMetadata,
                      Tensor, TensorSpec)
@@ -378,7 +377,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     arg("predictor_protocol", default=None, choices=["v1", "v2", "grpc-v2"],
         help="how to call the predictor (default v2: KServe V2 REST)")
     arg("protocol", default=None, choices=["v1", "v2", "grpc-v2"], help="KServe's older name of --predictor_protocol")
-    arg("predictor_use_ssl", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
+    arg("predictor_use_ssl", type=boolean, nargs="?", const=True, default=False, metavar="BOOL",
         help="call the predictor over TLS (alone, or true/false)")
     arg("predictor_request_timeout_seconds", type=float, default=60.0, metavar="S",
         help="timeout of one predictor call (default 60)")
@@ -386,77 +385,57 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="retries when the predictor cannot be reached (default 2)")
     arg("enable_predictor_health_check", action="store_true",
         help="accepted for KServe manifests; the explainer is always ready only with the predictor")
-    arg("http_port", type=int, default=8080, metavar="PORT", help="REST port; 0 picks a free one (logged)")
-    arg("host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     arg("explain_timeout_seconds", type=float, default=60.0, metavar="S",
         help="deadline of one explanation, and the most a request's timeout_seconds may ask (default 60)")
     arg("max_concurrent_calls", type=int, default=2, metavar="N",
         help="predictor calls in flight per explanation (default 2)")
-    arg("max_request_bytes", type=int, default=1 << 30, metavar="N", help="largest request body (default 1 GiB)")
-    arg("max_header_bytes", type=int, default=DEFAULT_MAX_HEADER_BYTES, metavar="N",
-        help=f"largest request head (request line and header fields); 431 past it (default {DEFAULT_MAX_HEADER_BYTES})")
-    arg("grace_period", type=float, default=25.0, metavar="S", help="seconds in-flight requests get on SIGTERM")
-    arg("log_level", default="info", choices=["debug", "info", "warning", "error"])
+    add_process_flags(p, DEFAULTS, kserve=True)
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+#: the listener defaults of an explainer: ``ovserve serve``'s, REST only (KServe's explainers speak REST)
+DEFAULTS = ProcessSettings(grpc_port=None)
 
 
 def main(ns: argparse.Namespace) -> int:
-    logging.basicConfig(level=getattr(logging, ns.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..app import run
+
+    configure_logging(ns.log_level)
     if ns.predictor_request_timeout_seconds <= 0 or ns.explain_timeout_seconds <= 0 or ns.max_concurrent_calls < 1 \
             or ns.predictor_request_retries < 0:
         log.error("timeouts must be positive, --max_concurrent_calls at least 1 and --predictor_request_retries >= 0")
         return 2
-    return asyncio.run(serve(ns))
+    from .predictor import split_host
+
+    try:
+        split_host(ns.predictor_host, ns.predictor_use_ssl)
+    except ValueError as exc:
+        log.error("cannot start: --predictor_host %r: %s", ns.predictor_host, exc)
+        return 2
+    return run_event_loop(run(lambda: build(ns)), ns.event_loop)
 
 
-async def serve(ns: argparse.Namespace) -> int:
-    from ..transports.rest.app import create_app
-    from ..transports.rest.runner import RestServer, bind_socket
+def build(ns: argparse.Namespace) -> Any:
+    """The explainer's Server: its data plane over a predictor client (made on the running loop:
+    a gRPC channel belongs to one), and its listeners."""
+    from ..app import Server
+    from ..transports.grpc.listener import GrpcListener
+    from ..transports.grpc_v2 import servicer as kserve_grpc
+    from ..transports.rest.listener import RestListener
     from .predictor import PredictorClient
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        sock = bind_socket(ns.host, ns.http_port, backlog=512)
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
-        return 1
+    settings = process_settings(ns)
     protocol = ns.predictor_protocol or ns.protocol or "v2"
     try:
         client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
                                  timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries)
     except ValueError as exc:
-        sock.close()
-        log.error("cannot start: --predictor_host %r: %s", ns.predictor_host, exc)
-        return 2
+        raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
     explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
                           concurrency=ns.max_concurrent_calls)
-    server = RestServer(create_app(explainer, ns.max_request_bytes), ns.grace_period, ns.max_header_bytes)
-    try:
-        await server.start_on(sock, name="explainer-rest")
-    except Exception as exc:
-        log.error("cannot start: %s", exc)
-        return 1
-    explainer.live = True
-    log.info(ports.LISTENING, ports.REST, ns.host, sock.getsockname()[1])
+    listeners: list = [(RestListener(explainer, settings.max_request_bytes, settings.max_header_bytes, backlog=512),
+                        settings.rest_port)]
+    if settings.grpc_port is not None:
+        listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(explainer)],
+                                       settings.max_request_bytes, settings.grpc_engine), settings.grpc_port))
     log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
-    await explainer.start()
-    await stop.wait()
-    log.info("shutting down: no new requests, %gs for in-flight ones", ns.grace_period)
-    await server.drain()
-    await explainer.stop()
-    await client.aclose()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.remove_signal_handler(sig)
-    return 0
+    return Server(explainer, listeners, settings.host, settings.grace_period)

@@ -169,19 +169,24 @@ class TransformerDataPlane(DataPlane):
         self._metadata_at = 0.0
         self._last_error = "not asked yet"
         self._poller: asyncio.Task | None = None
+        self._watching = False  # the predictor has been asked once
         handler.model_name = model_name
         handler.predictor = predictor
         self.handler_name = type(handler).__name__
 
     # -- predictor watch ----------------------------------------------------
     async def start(self) -> None:
+        """Ask the predictor once before saying "ready" (bounded: the readiness question has a 5 s limit)."""
         await self.poll_once()
+        self._watching = True
         self._poller = asyncio.create_task(self._poll(), name="ovserve-predictor-watch")
 
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
+        if hasattr(self.predictor, "aclose"):
+            await self.predictor.aclose()
 
     async def _poll(self) -> None:
         while True:
@@ -212,7 +217,9 @@ class TransformerDataPlane(DataPlane):
             raise NotFound(f"model {name!r} not found; this transformer serves {self.model_name!r}")
 
     def server_ready(self) -> bool:
-        return self.live and (self.predictor_ready or not self.health_check)
+        """Once the predictor has been asked (its metadata known from the first request on), and,
+        with the health check, while the predictor's model is ready."""
+        return self.live and self._watching and (self.predictor_ready or not self.health_check)
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("ovserve-transformer", __version__, ("binary_tensor_data", "parameters"))
@@ -241,7 +248,15 @@ class TransformerDataPlane(DataPlane):
         state = "AVAILABLE" if self.predictor_ready else "UNAVAILABLE"
         return [VersionStatus(v, state) for v in (md.versions if md else [])]
 
-    def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
+    async def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
+        """The predictor's inputs; asked of the predictor when the watch has not learnt them yet."""
+        self.check_name(name)
+        if self._metadata is None:
+            try:
+                self._metadata = await self.predictor.metadata(self.model_name)
+                self._metadata_at = time.monotonic()
+            except ServerError as exc:
+                raise Unavailable(f"the predictor's metadata is not known yet: {exc.message}") from None
         md = self.model_metadata(name, version)
         return [PortInfo(s.name, s.datatype, tuple(Dim(d, d) if d >= 0 else Dim(1, -1) for d in s.shape), i)
                 for i, s in enumerate(md.inputs)]

@@ -38,11 +38,11 @@ async def model_status(request: Request) -> Response:
     return json_response({"name": name, "ready": ready, "versions": versions}, 200 if ready else 503)
 
 
-def _specs(request: Request, name: str) -> list[TensorSpec]:
+async def _specs(request: Request, name: str) -> list[TensorSpec]:
     """The inputs V1 instances are decoded against: the model's, or a component's hints (may be none yet)."""
     dp = dataplane(request)
     try:
-        return [p.spec for p in dp.input_specs(name)]
+        return [p.spec for p in await dp.input_specs(name)]
     except Unavailable:
         if dp.exact_inputs:
             raise
@@ -60,7 +60,7 @@ async def _v1_request(request: Request) -> tuple[str, dict]:
 async def predict(request: Request) -> Response:
     dp = dataplane(request)
     name, doc = await _v1_request(request)
-    req = v1.decode_request(name, doc, _specs(request, name), dp.exact_inputs)
+    req = v1.decode_request(name, doc, await _specs(request, name), dp.exact_inputs)
     resp = await dp.infer(req, request.headers)
     return json_response(v1.encode_predictions(resp))
 
@@ -69,7 +69,7 @@ async def explain(request: Request) -> Response:
     dp = dataplane(request)
     name, doc = await _v1_request(request)
     dp.model_ready(name)  # 404 for an unknown model before the body is looked at
-    req = v1.decode_request(name, doc, _specs(request, name), dp.exact_inputs)
+    req = v1.decode_request(name, doc, await _specs(request, name), dp.exact_inputs)
     e = await dp.explain(req, doc.get("parameters") or {}, request.headers)
     return explanation_response(request, e) or json_response(v1_explanation(e))
 

@@ -65,7 +65,7 @@ async def _decode(request: Request) -> InferRequest:
     body = await read_body(request, request.app.state.max_request_bytes)
     header = request.headers.get(HEADER)
     if header is not None and header.strip() == "0":
-        return decode_headerless(name, version, body, dataplane(request).input_specs(name, version))
+        return decode_headerless(name, version, body, await dataplane(request).input_specs(name, version))
     return decode_infer_request(name, version, body, header)
 
 

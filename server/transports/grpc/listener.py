@@ -1,34 +1,51 @@
-"""Build the gRPC server: the inference service, health and reflection.
+"""A gRPC listener: one server on one port serving any number of services.
 
-Two engines serve the same servicers (see docs/performance.md for the numbers):
+The engine is chosen here (``--grpc-engine``, see docs/performance.md):
 
 - ``grpcio`` (default): ``grpc.aio``, gRPC's own C-core server;
 - ``native``: ``pygrpc_native.aio`` (the ``grpc-native`` extra), a drop-in
   ``grpc.aio`` server whose HTTP/2 and per-call work runs in Rust outside the
-  GIL. Unary and server-streaming methods are served by it; ModelStreamInfer
-  (bidirectional) and reflection go to a grpc.aio server it runs behind itself
-  on a Unix socket. It has no TLS, like ovserve's own gRPC port.
+  GIL. Unary and server-streaming methods are served by it; bidirectional
+  streams and reflection go to a grpc.aio server it runs behind itself on a
+  Unix socket. One port per server, no TLS yet.
+
+Every listener serves gRPC health (each service NOT_SERVING until the data
+plane has started, SERVING after) and, on first use, server reflection. Adding
+a service is a :class:`Service` (its servicer and generated registration) in
+the listener's list.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ...config import GRPC_ENGINES
-from ...dataplane import DataPlane
 from ...errors import InvalidInput
-from ...proto import grpc_predict_v2_pb2 as pb
-from ...proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from .servicer import InferenceServicer
+from .calls import InFlight, Servicer
 
 log = logging.getLogger("ovserve")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+#: Seconds the native engine's last replies get to be written (from the end of their call)
+#: before it closes its connections.
+NATIVE_FLUSH_PAUSE = 1.0
+
+
+@dataclass
+class Service:
+    """One gRPC service: its full name (for health and reflection), its servicer, and the generated
+    ``add_XServicer_to_server`` that registers it."""
+
+    name: str
+    servicer: Servicer
+    register: Callable[[Any, Any], None]
 
 
 class _LazyReflection(grpc.GenericRpcHandler):
@@ -61,15 +78,10 @@ class _LazyReflection(grpc.GenericRpcHandler):
         pass
 
 
-#: Seconds the native engine's last replies get to be written (from the end of their call)
-#: before it closes its connections.
-NATIVE_FLUSH_PAUSE = 1.0
-
-
-def make_server(engine: str, options: list[tuple[str, Any]], interceptors: list | None) -> grpc.aio.Server:
+def make_server(engine: str, options: list[tuple[str, Any]]) -> grpc.aio.Server:
     """A grpc.aio-compatible server of the chosen engine."""
     if engine == "grpcio":
-        return grpc.aio.server(options=options, interceptors=interceptors)
+        return grpc.aio.server(options=options)
     if engine == "native":
         try:
             import pygrpc_native.aio
@@ -77,58 +89,61 @@ def make_server(engine: str, options: list[tuple[str, Any]], interceptors: list 
             raise InvalidInput(
                 "--grpc-engine native needs the pygrpc-native package: pip install 'ovserve[grpc-native]'"
             ) from exc
-        return pygrpc_native.aio.server(options=options, interceptors=interceptors)  # type: ignore[return-value]
+        return pygrpc_native.aio.server(options=options)  # type: ignore[return-value]
     raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINES)}")
 
 
-class GrpcServer:
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int, interceptors: list | None = None,
+class GrpcListener:
+    """``name`` (the key of the bound-ports map, e.g. ``grpc``) serving ``services`` on one port."""
+
+    def __init__(self, name: str, description: str, services: list[Service], max_message_bytes: int,
                  engine: str = "grpcio") -> None:
-        options = [
+        self.name, self.description, self.engine = name, description, engine
+        self.services = services
+        self.server = make_server(engine, [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
-        ]
-        self.engine = engine
-        self.server = make_server(engine, options, interceptors)
-        self.servicer = InferenceServicer(dataplane)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
+        ])
+        self.in_flight = InFlight()
+        for service in services:
+            service.servicer.in_flight = self.in_flight  # one drain for every service on this port
+            service.register(service.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.server.add_generic_rpc_handlers((_LazyReflection(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, REFLECTION_SERVICE]),))
-        self.port = 0
+            [*(s.name for s in services), HEALTH_SERVICE, REFLECTION_SERVICE]),))
 
     def describe(self) -> str:
-        from importlib.metadata import version
-
         package = GRPC_ENGINES[self.engine]
         return f"{self.engine} ({package} {version(package)})"
 
-    def bind(self, host: str, port: int) -> int:
+    def bind(self, host: str, port: int, credentials: grpc.ServerCredentials | None = None) -> int:
+        """Bind ``host:port`` (0: a free port), with TLS when ``credentials`` are given; the bound port."""
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = self.server.add_insecure_port(address)
+            bound = (self.server.add_secure_port(address, credentials) if credentials is not None
+                     else self.server.add_insecure_port(address))
         except RuntimeError:  # both engines raise it for an address in use (grpcio may also return 0)
-            self.port = 0
-        if self.port == 0:
+            bound = 0
+        if bound == 0:
             raise OSError(f"cannot bind gRPC to {address}")
-        return self.port
+        return bound
 
     async def start(self) -> None:
-        log.info("gRPC engine: %s", self.describe())
-        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        log.info("gRPC engine: %s, for %s", self.describe(), self.name)
+        for name in ("", *(s.name for s in self.services)):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
 
-    async def set_serving(self) -> None:
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    async def serving(self) -> None:
+        for name in ("", *(s.name for s in self.services)):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float) -> None:
         native = self.engine == "native"
         if native:
-            self.servicer.in_flight.closing = True  # from now on, before anything else awaits
+            self.in_flight.closing = True  # from now on, before anything else awaits
         await self.health.enter_graceful_shutdown()
         if native:
             grace = await self._drain(grace)
@@ -141,7 +156,6 @@ class GrpcServer:
         out. Returns what is left of the grace period."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        in_flight = self.servicer.in_flight
-        if await in_flight.wait_idle(grace):
-            await asyncio.sleep(max(0.0, min(in_flight.last_done + NATIVE_FLUSH_PAUSE, deadline) - loop.time()))
+        if await self.in_flight.wait_idle(grace):
+            await asyncio.sleep(max(0.0, min(self.in_flight.last_done + NATIVE_FLUSH_PAUSE, deadline) - loop.time()))
         return max(0.0, deadline - loop.time())

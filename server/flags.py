@@ -1,0 +1,89 @@
+"""The flags every ovserve process shares, and how any flag reads the environment.
+
+Every flag falls back to ``OVSERVE_<DEST>`` (``--rest-port`` -> ``OVSERVE_REST_PORT``),
+the command line winning. :func:`add_process_flags` adds the listener and
+operation flags of :class:`~.config.ProcessSettings` to ``serve``, ``transformer``
+and ``explainer`` alike; the components also take KServe's underscore
+spellings (``--http_port``), which is what KServe's pod specs pass.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Any, Callable, Sequence
+
+from .config import GRPC_ENGINES, ProcessSettings
+
+ENV_PREFIX = "OVSERVE_"
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+_TRUE = {"1", "true", "yes", "y", "on", "t"}
+_FALSE = {"0", "false", "no", "n", "off", "f"}
+
+
+def boolean(text: str) -> bool:
+    """``true``/``false`` and their usual spellings (1/0, yes/no, y/n, on/off, t/f), any case."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def env_default(dest: str, cast: Callable[[str], Any], fallback: Any) -> Any:
+    raw = os.environ.get(ENV_PREFIX + dest.upper())
+    if raw is None or raw == "":
+        return fallback
+    try:
+        return cast(raw)
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        raise SystemExit(f"ovserve: {ENV_PREFIX + dest.upper()}={raw!r} is not valid") from None
+
+
+def add(p: Any, flag: str, cast: Callable[[str], Any], default: Any, help: str,
+        aliases: Sequence[str] = (), **kw: Any) -> None:
+    """``flag`` (and ``aliases``), falling back to ``OVSERVE_<DEST>``, then to ``default``."""
+    dest = flag.lstrip("-").replace("-", "_")
+    env = ENV_PREFIX + dest.upper()
+    p.add_argument(*aliases, flag, dest=dest, type=cast, default=env_default(dest, cast, default),
+                   help=f"{help} [env {env}; default {default}]", **kw)
+
+
+def _port(text: str) -> int | None:
+    """A port; ``off`` (or an empty value) for no listener at all."""
+    return None if text.strip().lower() in ("", "off", "none") else int(text)
+
+
+def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings, kserve: bool = False) -> None:
+    """The listener and operation flags; ``kserve``: KServe's underscore spellings too."""
+    def names(flag: str) -> list[str]:
+        return [flag.replace("-", "_").replace("__", "--", 1)] if kserve else []
+
+    net = parser.add_argument_group("listeners")
+    add(net, "--host", str, defaults.host, "address every listener binds")
+    add(net, "--rest-port", int, defaults.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)",
+        aliases=["--http_port", "--http-port"] if kserve else [])
+    add(net, "--grpc-port", _port, defaults.grpc_port,
+        "KServe V2 gRPC port; 0 picks a free port (logged); off: no gRPC", aliases=names("--grpc-port"))
+    add(net, "--grpc-engine", str, defaults.grpc_engine,
+        "gRPC server: grpcio (grpc.aio) or native (pygrpc-native: HTTP/2 outside the GIL, "
+        "2-3x the calls per second for small requests; pip install 'ovserve[grpc-native]')",
+        aliases=names("--grpc-engine"), choices=list(GRPC_ENGINES))
+    add(net, "--max-request-bytes", int, defaults.max_request_bytes, "largest request accepted, REST and gRPC",
+        aliases=names("--max-request-bytes"))
+    add(net, "--max-header-bytes", int, defaults.max_header_bytes,
+        "largest REST request head (request line and header fields); 431 past it",
+        aliases=names("--max-header-bytes"))
+    ops = parser.add_argument_group("operation")
+    add(ops, "--grace-period", float, defaults.grace_period, "seconds in-flight requests get to finish on SIGTERM",
+        aliases=names("--grace-period"))
+    add(ops, "--log-level", str, defaults.log_level, "debug, info, warning or error", aliases=names("--log-level"),
+        choices=LOG_LEVELS)
+    add(ops, "--event-loop", str, defaults.event_loop, "event loop: uvloop or asyncio", aliases=names("--event-loop"),
+        choices=["uvloop", "asyncio"])
+
+
+def process_settings(ns: argparse.Namespace) -> ProcessSettings:
+    """The shared settings from a parsed command line."""
+    return ProcessSettings(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ProcessSettings)})

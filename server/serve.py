@@ -1,0 +1,50 @@
+"""``ovserve serve``: the model server's data plane and its listeners, from the settings."""
+from __future__ import annotations
+
+from .app import Server, run
+from .codecs import images
+from .config import Settings
+from .model_server import ModelServer
+from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
+from .repository.manager import ModelManager, Source
+from .runtime.openvino import LoadOptions
+from .transports.grpc.listener import GrpcListener
+from .transports.grpc_v2 import servicer as kserve_grpc
+from .transports.rest.listener import RestListener
+
+
+def make_source(settings: Settings) -> Source:
+    """The model source for the chosen mode; the model flags are every model's defaults."""
+    options = LoadOptions(
+        device=settings.target_device,
+        shape=settings.shape,
+        layout=settings.layout,
+        batch_size=settings.batch_size,
+        nireq=settings.nireq,
+        plugin_config=dict(settings.plugin_config),
+        max_batch_size=settings.max_batch_size,
+        max_queue_delay_us=settings.max_queue_delay_us,
+    )
+    mode = settings.mode()
+    if mode == "config":
+        assert settings.config is not None
+        return ConfigFileSource(settings.config, options)
+    if mode == "repository":
+        assert settings.model_repository is not None
+        return RepositorySource(settings.model_repository, options)
+    assert settings.model_path is not None and settings.model_name
+    return SingleModelSource(settings.model_name, settings.model_path, options)
+
+
+def build(settings: Settings) -> Server:
+    images.configure(settings.max_image_pixels, settings.max_images)
+    dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval))
+    rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes)
+    grpc = GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)], settings.max_request_bytes,
+                        settings.grpc_engine)
+    return Server(dataplane, [(rest, settings.rest_port), (grpc, settings.grpc_port)], settings.host,
+                  settings.grace_period)
+
+
+async def serve(settings: Settings) -> int:
+    return await run(lambda: build(settings))

@@ -1,0 +1,130 @@
+"""Calls in flight, and the one place gRPC errors are mapped.
+
+Every unary method of every ovserve servicer is wrapped by :func:`unary` (and
+every response-streaming one by :func:`streaming`): a
+:class:`~ovserve.server.errors.ServerError` ends the call with its status from
+the error table (:func:`~ovserve.server.errors.grpc_status`); anything else is
+logged once and ends it INTERNAL, with no traceback for the client. A stream
+that answers errors in-band (KServe's ModelStreamInfer) takes its message from
+:func:`in_band`, through the same table.
+
+A decorator rather than a grpc.aio interceptor: the native engine runs a
+server with interceptors through its slower grpc.aio fallback.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import grpc
+
+from ...errors import ServerError, Unavailable, grpc_status
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def status_of(exc: ServerError) -> grpc.StatusCode:
+    return grpc.StatusCode[grpc_status(exc)]
+
+
+class InFlight:
+    """The calls being served on one gRPC server, and the switch that refuses new ones once
+    shutdown begins (grpc.aio drains by itself; the native engine needs it done first)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.closing = False
+        self.last_done = float("-inf")  # loop time the last call ended
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        if self.closing:
+            raise Unavailable("the server is shutting down")
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        self.last_done = asyncio.get_running_loop().time()
+        if self.count == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the calls in flight to end. True if none is left."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class Servicer:
+    """Base of ovserve's servicers: the listener that registers one gives it its server's calls in
+    flight (every service on one port drains together)."""
+
+    def __init__(self) -> None:
+        self.in_flight = InFlight()
+
+
+async def _abort(context: Any, exc: BaseException, method: str) -> None:
+    if isinstance(exc, ServerError):
+        await context.abort(status_of(exc), exc.message)
+    log.error("unexpected error in %s", method, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """A unary-response method: counted in flight, its errors mapped to a status."""
+
+    @functools.wraps(fn)
+    async def call(self: Servicer, request: Any, context: Any) -> Any:
+        try:
+            self.in_flight.enter()
+        except ServerError as exc:
+            await context.abort(status_of(exc), exc.message)
+        try:
+            return await fn(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            await _abort(context, exc, fn.__name__)
+        finally:
+            self.in_flight.leave()
+
+    return call
+
+
+def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    """A response-streaming method (an async generator): the whole stream counts as one call in
+    flight; an error that escapes it ends the stream with a status."""
+
+    @functools.wraps(fn)
+    async def call(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
+        try:
+            self.in_flight.enter()
+        except ServerError as exc:
+            await context.abort(status_of(exc), exc.message)
+        try:
+            async for reply in fn(self, request, context):
+                yield reply
+        except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
+            raise
+        except Exception as exc:
+            await _abort(context, exc, fn.__name__)
+        finally:
+            self.in_flight.leave()
+
+    return call
+
+
+def in_band(exc: Exception, method: str) -> str:
+    """The message a stream answers in-band for one failed message (the unexpected logged once)."""
+    if isinstance(exc, ServerError):
+        return exc.message
+    log.error("unexpected error in %s", method, exc_info=exc)
+    return f"internal error: {type(exc).__name__}"
