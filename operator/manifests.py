@@ -54,30 +54,33 @@ def deployment(isvc: dict, component: str, cfg: Config) -> dict:
             "spec": body}
 
 
-def _service_ports(rest: int, grpc: int | None) -> list[dict]:
-    ports = [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": rest}]
-    if grpc:  # named and marked h2c: gRPC is HTTP/2 without TLS
-        ports.append({"name": "h2c", "protocol": "TCP", "port": n.GRPC_PORT, "targetPort": grpc,
-                      "appProtocol": "kubernetes.io/h2c"})
-    return ports
+def _service_ports(ports: dict[str, int]) -> list[dict]:
+    out = []
+    for name, port in ports.items():
+        listener = n.LISTENERS[name]
+        entry = {"name": listener.port_name, "protocol": "TCP", "port": listener.service_port, "targetPort": port}
+        if listener.app_protocol:  # gRPC is marked h2c: HTTP/2 without TLS
+            entry["appProtocol"] = listener.app_protocol
+        out.append(entry)
+    return out
 
 
 def service(isvc: dict, component: str) -> dict:
     name = isvc["metadata"]["name"]
-    rest, grpc = pods.serving_ports(isvc["spec"][component], component)
+    ports = pods.serving_ports(isvc["spec"][component], component)
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _metadata(isvc, n.child_name(name, component), n.child_labels(name, component)),
-            "spec": {"selector": n.selector_labels(name, component), "ports": _service_ports(rest, grpc)}}
+            "spec": {"selector": n.selector_labels(name, component), "ports": _service_ports(ports)}}
 
 
 def entry_service(isvc: dict) -> dict:
     """``<isvc>``: the InferenceService's own address, routed to the transformer when there is one."""
     name = isvc["metadata"]["name"]
     target = "transformer" if isvc["spec"].get("transformer") else "predictor"
-    rest, grpc = pods.serving_ports(isvc["spec"][target], target)
+    ports = pods.serving_ports(isvc["spec"][target], target)
     labels = {n.ISVC_LABEL: name, n.MANAGED_BY_LABEL: n.MANAGER}
     return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(isvc, name, labels),
-            "spec": {"selector": n.selector_labels(name, target), "ports": _service_ports(rest, grpc)}}
+            "spec": {"selector": n.selector_labels(name, target), "ports": _service_ports(ports)}}
 
 
 def hpa(isvc: dict, component: str, api_version: str = "autoscaling/v2") -> dict | None:

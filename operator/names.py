@@ -1,6 +1,8 @@
 """Names, labels and addresses shared by the operator's modules (pure)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 GROUP = "serving.kserve.io"
 VERSION = "v1beta1"
 PLURAL = "inferenceservices"
@@ -17,9 +19,32 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGER = "ovserve-operator"
 
 CONTAINER_NAME = "kserve-container"
-REST_PORT = 8080
-GRPC_PORT = 8081
 MODEL_MOUNT = "/mnt/models"
+
+
+@dataclass(frozen=True)
+class Listener:
+    """How one listener of the ovserve server shows in its pod and Service."""
+
+    #: the container and Service port's name (``h2c``: HTTP/2 without TLS, how gRPC is marked)
+    port_name: str
+    #: its container port unless the spec says otherwise
+    default: int
+    #: the Service's port
+    service_port: int
+    #: the `ovserve serve` flag that moves it
+    flag: str
+    app_protocol: str | None = None
+
+
+#: The server's listeners by the names it logs them under (``rest listening on ...``, ``ovserve.server.ports``),
+#: in the order of a pod's ports. A new listener of the server (TorchServe's, metrics) is a row here.
+LISTENERS = {
+    "rest": Listener("http", 8080, 80, "--rest-port"),
+    "grpc": Listener("h2c", 8081, 8081, "--grpc-port", "kubernetes.io/h2c"),
+}
+REST_PORT = LISTENERS["rest"].default
+GRPC_PORT = LISTENERS["grpc"].default
 
 
 def child_name(isvc_name: str, component: str) -> str:

@@ -26,15 +26,23 @@ def _grpc_name(port: dict) -> bool:
     return str(port.get("name", "")).startswith(("h2c", "grpc"))
 
 
-def serving_ports(spec: dict, component: str) -> tuple[int, int | None]:
-    """(REST port, gRPC port or None) the component's main container listens on."""
+def serving_ports(spec: dict, component: str) -> dict[str, int]:
+    """The component's main container's ports by listener name (``rest``, and ``grpc`` when it has one):
+    an ovserve server's every listener at its default port unless its ``ports`` say otherwise."""
     if component == "predictor" and is_ovserve(spec):
-        ports, rest, grpc = spec["model"].get("ports") or [], n.REST_PORT, n.GRPC_PORT
+        declared = spec["model"].get("ports") or []
+        out = {name: listener.default for name, listener in n.LISTENERS.items()}
     else:
-        ports, rest, grpc = (spec.get("containers") or [{}])[0].get("ports") or [], n.REST_PORT, None
-    grpc = next((p["containerPort"] for p in ports if _grpc_name(p)), grpc)
-    rest = next((p["containerPort"] for p in ports if not _grpc_name(p)), rest)
-    return rest, grpc
+        declared = (spec.get("containers") or [{}])[0].get("ports") or []
+        out = {"rest": n.REST_PORT}
+    for port in declared:
+        out["grpc" if _grpc_name(port) else "rest"] = port["containerPort"]
+    return out
+
+
+def container_ports(ports: dict[str, int]) -> list[dict]:
+    return [{"name": n.LISTENERS[name].port_name, "containerPort": port, "protocol": "TCP"}
+            for name, port in ports.items()]
 
 
 def _probe(path: str, period: int, failures: int) -> dict:
@@ -68,15 +76,15 @@ def ovserve_container(isvc: dict, cfg: Config) -> tuple[dict, list[dict], list[d
     """The ovserve server container of a ``model`` predictor, its init containers and volumes."""
     model = isvc["spec"]["predictor"]["model"]
     model_path, mounts, inits, volumes = _storage(model["storageUri"], cfg)
-    rest, grpc = serving_ports(isvc["spec"]["predictor"], "predictor")
+    ports = serving_ports(isvc["spec"]["predictor"], "predictor")
     args = ["serve", "--model-name", isvc["metadata"]["name"], "--model-path", model_path]
-    args += (["--rest-port", str(rest)] if rest != n.REST_PORT else []) + \
-            (["--grpc-port", str(grpc)] if grpc != n.GRPC_PORT else [])
+    for name, port in ports.items():
+        if port != n.LISTENERS[name].default:
+            args += [n.LISTENERS[name].flag, str(port)]
     container: dict = {
         "name": model.get("name") or n.CONTAINER_NAME, "image": model.get("image") or cfg.image,
         "command": ["ovserve"], "args": args + list(model.get("args") or []),
-        "ports": [{"name": "http", "containerPort": rest, "protocol": "TCP"},
-                  {"name": "h2c", "containerPort": grpc, "protocol": "TCP"}],
+        "ports": container_ports(ports),
         "readinessProbe": _probe("/v2/health/ready", 5, 3),
         "livenessProbe": _probe("/v2/health/live", 10, 3),
         # Model loads can be slow: allow 10 minutes before liveness and readiness take over.
@@ -103,9 +111,9 @@ def user_containers(isvc: dict, component: str) -> list[dict]:
     containers = copy.deepcopy(isvc["spec"][component]["containers"])
     main = containers[0]
     main.setdefault("name", n.CONTAINER_NAME)
-    rest, _ = serving_ports(isvc["spec"][component], component)
+    rest = serving_ports(isvc["spec"][component], component)["rest"]
     if not main.get("ports"):
-        main["ports"] = [{"name": "http", "containerPort": rest, "protocol": "TCP"}]
+        main["ports"] = container_ports({"rest": rest})
     if component != "predictor":
         meta = isvc["metadata"]
         wiring = {"--model_name": meta["name"],

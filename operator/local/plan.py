@@ -143,7 +143,8 @@ def plan(isvc: dict, workdir: Path) -> list[Component]:
     out = []
     for component in names.present_components(isvc):
         pod = pods.pod_spec(isvc, component, Config())
-        rest, grpc = pods.serving_ports(isvc["spec"][component], component)
+        ports = pods.serving_ports(isvc["spec"][component], component)
+        rest, grpc = ports["rest"], ports.get("grpc")
         mounts_root = workdir / component
         volumes, folders = _volumes(pod, component, mounts_root)
         if len(pod["containers"]) > 1:
