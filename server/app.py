@@ -74,7 +74,7 @@ class Server:
             await listener.serving()
         # Everything alive now (modules, models, servers) lives as long as the process: keep it
         # out of the garbage collector's full passes, which would otherwise walk it again and
-        # again under load (the usual long-running-server practice; see docs/performance.md).
+        # again under load (the usual long-running-server practice; docs/performance.md "Memory").
         gc.collect()
         gc.freeze()
 

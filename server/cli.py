@@ -148,8 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .serve import serve  # heavy imports only when serving
 
     # OpenVINO's completion threads hand results back under the GIL; a shorter
-    # switch interval than the default 5 ms lets them in sooner (measured in
-    # bench/: +0-29% throughput, best on REST binary; docs/performance.md).
+    # switch interval than the default 5 ms lets them in sooner (docs/performance.md
+    # "GIL switch interval 0.5 ms").
     sys.setswitchinterval(SWITCH_INTERVAL)
 
     code = run_event_loop(serve(settings), settings.event_loop)

@@ -1,6 +1,6 @@
 """A gRPC listener: one server on one port serving any number of services.
 
-The engine is chosen here (``--grpc-engine``, see docs/performance.md):
+The engine is chosen here (``--grpc-engine``; docs/performance.md "A second gRPC engine"):
 
 - ``grpcio`` (default): ``grpc.aio``, gRPC's own C-core server;
 - ``native``: ``pygrpc_native.aio`` (the ``grpc-native`` extra), a drop-in
@@ -50,7 +50,7 @@ class Service:
 
 class _LazyReflection(grpc.GenericRpcHandler):
     """Server reflection, imported on its first call (grpcurl, Postman) rather than at start:
-    most servers are never asked, and the import costs ~1 MiB of resident memory."""
+    most servers are never asked, and the import costs resident memory (docs/performance.md "Memory")."""
 
     def __init__(self, services: list[str]) -> None:
         self._services = services

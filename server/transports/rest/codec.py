@@ -49,7 +49,7 @@ def parse_json(body: bytes | memoryview, where: str = "request body") -> Any:
 
 #: Request bodies from this size on are parsed with simdjson, which puts a flat
 #: array of numbers straight into a numpy buffer instead of making a Python
-#: object per element (resnetish, 1.6 MB of JSON: 9 ms -> 3 ms). Smaller ones
+#: object per element (docs/performance.md "Large JSON bodies through simdjson"). Smaller ones
 #: go through orjson, which is quicker to start.
 LARGE_JSON = 64 * 1024
 #: simdjson's buffer type for each datatype family (d: float64, i: int64, u: uint64).
