@@ -1,4 +1,6 @@
-"""Regenerate the gRPC stubs in server/proto from the .proto sources.
+"""Regenerate the gRPC stubs in common/proto from the .proto sources.
+
+``ovserve.common.proto`` is the one copy of protobuf package ``inference``: server and client both import it.
 
 Run: python scripts/gen_protos.py  (needs grpcio-tools, part of the [dev] extra).
 tests/test_protos.py checks the committed stubs match what this produces.
@@ -9,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-PROTO_DIR = Path(__file__).resolve().parent.parent / "server" / "proto"
+PROTO_DIR = Path(__file__).resolve().parent.parent / "common" / "proto"
 
 
 def generate(out_dir: Path = PROTO_DIR) -> list[Path]:

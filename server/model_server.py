@@ -10,8 +10,8 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from .codecs.datatypes import V2_TO_NUMPY
-from .codecs.tensors import encoding_parameters
+from ovserve.common.codecs.datatypes import V2_TO_NUMPY
+from ovserve.common.codecs.tensors import encoding_parameters
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
 from .errors import InvalidInput, Unavailable

@@ -2,7 +2,9 @@
 
 Transports convert their wire formats to and from these; nothing here knows
 JSON, protobuf or HTTP. Tensor data is always a numpy array (BYTES tensors are
-object arrays of ``bytes``).
+object arrays of ``bytes``). The request, response, tensor and metadata types
+are :mod:`ovserve.common.types` (the predictor client speaks them too), re-exported
+here beside the server's own.
 """
 from __future__ import annotations
 
@@ -11,62 +13,22 @@ from typing import Any, Mapping
 
 import numpy as np
 
-Parameters = dict[str, Any]
+from ovserve.common.types import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    Parameters,
+    RequestedOutput,
+    Tensor,
+    TensorSpec,
+)
+
 #: A request's headers (REST) or invocation metadata (gRPC), lower-case names: what a
 #: transformer's handler sees; the model server ignores them.
 Headers = Mapping[str, str]
 
-
-@dataclass(slots=True)
-class Tensor:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    data: np.ndarray
-    parameters: Parameters = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class RequestedOutput:
-    name: str
-    parameters: Parameters = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class InferRequest:
-    model_name: str
-    inputs: list[Tensor]
-    model_version: str = ""
-    id: str = ""
-    parameters: Parameters = field(default_factory=dict)
-    outputs: list[RequestedOutput] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class InferResponse:
-    model_name: str
-    model_version: str
-    outputs: list[Tensor]
-    id: str = ""
-    parameters: Parameters = field(default_factory=dict)
-
-
-@dataclass(slots=True, frozen=True)
-class TensorSpec:
-    """A model input or output as metadata reports it (-1 = dynamic dimension)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class ModelMetadata:
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
+__all__ = ["Parameters", "Headers", "Tensor", "RequestedOutput", "InferRequest", "InferResponse", "TensorSpec",
+           "ModelMetadata", "Dim", "PortInfo", "ServerMetadata", "VersionStatus", "IndexEntry", "Explanation"]
 
 
 @dataclass(frozen=True, slots=True)

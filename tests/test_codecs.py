@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from ovserve.server.codecs import bytes_tensor
-from ovserve.server.codecs.datatypes import V2_TO_NUMPY, element_size, v2_datatype
-from ovserve.server.codecs.tensors import check_shape, from_raw, from_values, to_raw
+from ovserve.common.codecs import bytes_tensor
+from ovserve.common.codecs.datatypes import V2_TO_NUMPY, element_size, v2_datatype
+from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, to_raw
 from ovserve.server.errors import InvalidInput
 
 SIZES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2,

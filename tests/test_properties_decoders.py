@@ -33,9 +33,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ovserve.server.codecs import bytes_tensor, images, v1
-from ovserve.server.codecs.datatypes import V2_TO_NUMPY
-from ovserve.server.codecs.tensors import MAX_DIMS, from_raw
+from ovserve.common.codecs import bytes_tensor
+from ovserve.common.codecs.datatypes import V2_TO_NUMPY
+from ovserve.common.codecs.tensors import MAX_DIMS, from_raw
+from ovserve.server.codecs import images, v1
 from ovserve.server.errors import InvalidInput, PayloadTooLarge, ServerError
 from ovserve.server.transports.rest import codec
 from ovserve.server.types import Dim, InferRequest, PortInfo
@@ -480,7 +481,7 @@ def test_grpc_converters_in_a_process_of_their_own() -> None:
 @st.composite
 def pb_requests(draw: st.DrawFn) -> Any:
     """ModelInferRequests from nearly right to anything the message can hold."""
-    from ovserve.server.proto import grpc_predict_v2_pb2 as pb
+    from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 
     req = pb.ModelInferRequest(model_name="m", id=draw(st.text(max_size=4)))
     for key in draw(st.lists(st.text(max_size=3), max_size=2)):
@@ -541,7 +542,7 @@ def test_grpc_pb_requests_decode_or_are_refused(req: Any) -> None:
 @FAST
 @given(inputs=st.lists(tensors(), min_size=1, max_size=3), typed=st.booleans())
 def test_grpc_pb_tensors_round_trip(inputs: list, typed: bool) -> None:
-    from ovserve.server.proto import grpc_predict_v2_pb2 as pb
+    from ovserve.common.proto import grpc_predict_v2_pb2 as pb
     from ovserve.server.transports.grpc_v2 import converters
 
     typed = typed and all(datatype in converters.CONTENTS_FIELD for datatype, _, _ in inputs)

@@ -22,7 +22,7 @@ def test_stubs_are_up_to_date(tmp_path: Path) -> None:
     written = _load_generator().generate(tmp_path)
     assert written
     for fresh in written:
-        committed = ROOT / "server" / "proto" / fresh.name
+        committed = ROOT / "common" / "proto" / fresh.name
         assert committed.read_text() == fresh.read_text(), (
             f"{committed} is stale: run python scripts/gen_protos.py"
         )
@@ -30,7 +30,7 @@ def test_stubs_are_up_to_date(tmp_path: Path) -> None:
 
 def test_field_numbers_follow_the_public_protocol() -> None:
     """Spot-check the wire contract against the numbers in PROTOCOLS.md, from the .proto text."""
-    text = (ROOT / "server" / "proto" / "grpc_predict_v2.proto").read_text()
+    text = (ROOT / "common" / "proto" / "grpc_predict_v2.proto").read_text()
     for line in [
         "repeated bytes raw_input_contents = 7;",
         "repeated bytes raw_output_contents = 6;",

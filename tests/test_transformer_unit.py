@@ -160,6 +160,6 @@ def test_rest_clients_never_load_the_protobuf_package() -> None:
     code = ("import sys, asyncio\n"
             "from ovserve.server.components import transformer_server, predictor\n"
             "c = predictor.PredictorClient('127.0.0.1:9', 'v2'); asyncio.run(c.aclose())\n"
-            "print(any(m.startswith(('ovserve.server.proto', 'ovserve.server.transports.grpc_v2')) for m in sys.modules))")
+            "print(any(m.startswith(('ovserve.common.proto', 'ovserve.server.transports.grpc_v2')) for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

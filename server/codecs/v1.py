@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..types import InferRequest, InferResponse, Tensor, TensorSpec
-from .tensors import from_values
+from ovserve.common.codecs.tensors import from_values
 
 #: the name of the one column of row instances when the model's one input is not known
 UNNAMED = "instances"

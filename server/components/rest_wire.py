@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
+from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
 from .predictor_errors import PredictorInternal
 

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..codecs.datatypes import numpy_dtype, v2_datatype
-from ..codecs.tensors import encoding_parameters, reply_parameters
+from ovserve.common.codecs.datatypes import numpy_dtype, v2_datatype
+from ovserve.common.codecs.tensors import encoding_parameters, reply_parameters
 from ..dataplane import DataPlane
 from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable, Unsupported
 from ..types import (Dim, Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, PortInfo,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ..codecs.datatypes import OV_TO_V2
+from ovserve.common.codecs.datatypes import OV_TO_V2
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
 from . import cpus

@@ -5,10 +5,10 @@ from typing import Any
 
 import numpy as np
 
-from ...codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
-from ...codecs.datatypes import numpy_dtype
+from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
+from ovserve.common.codecs.datatypes import numpy_dtype
 from ...errors import InvalidInput
-from ...proto import grpc_predict_v2_pb2 as pb
+from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ...types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
 
 #: V2 datatype -> the InferTensorContents field that carries it.

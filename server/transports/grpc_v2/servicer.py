@@ -11,8 +11,8 @@ from typing import Any, AsyncIterator, Iterator, Mapping
 
 from ...dataplane import DataPlane
 from ...errors import ServerError
-from ...proto import grpc_predict_v2_pb2 as pb
-from ...proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from ovserve.common.proto import grpc_predict_v2_pb2 as pb
+from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ..grpc.calls import Servicer, in_band, status_of, unary
 from ..grpc.listener import Service
 from . import converters

@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 import simdjson
 
-from ...codecs.datatypes import V2_TO_NUMPY, numpy_dtype
-from ...codecs.tensors import check_shape, from_numbers, from_raw, from_values, reply_parameters, to_raw
+from ovserve.common.codecs.datatypes import V2_TO_NUMPY, numpy_dtype
+from ovserve.common.codecs.tensors import check_shape, from_numbers, from_raw, from_values, reply_parameters, to_raw
 from ...errors import InvalidInput
 from ...types import InferRequest, InferResponse, RequestedOutput, Tensor
 

@@ -1,0 +1,88 @@
+"""The one error hierarchy of ovserve, and its two status tables.
+
+gRPC codes are named by their ``grpc.StatusCode`` member name so that this
+module imports no transport. Everything below the server's transports raises these; each transport maps
+them once (REST in ``transports/rest/app.py``, gRPC through ``transports/grpc/calls.py``)
+through :data:`HTTP_STATUS` and :data:`GRPC_STATUS`. The tables sit side by side
+so that a test can pin every pair. The hierarchy lives in :mod:`ovserve.common` because the shared
+codecs raise it and the client's predictor errors derive from it, so that a component re-raising a
+predictor's error answers with the predictor's status; :mod:`ovserve.server.errors` re-exports it.
+"""
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    """Base of every error a client may see. ``str(err)`` is the client message."""
+
+    #: set by the layer that already logged this error (it knew more, e.g. which model
+    #: failed), so that a transport does not log it a second time
+    logged: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServerError):
+    """The request is malformed or does not fit the model."""
+
+
+class NotFound(ServerError):
+    """Unknown model, version or route."""
+
+
+class Unavailable(ServerError):
+    """The model (or server) exists but cannot serve now: loading, failed, unloading."""
+
+
+class PayloadTooLarge(ServerError):
+    """The request is larger than the configured limit."""
+
+
+class FailedPrecondition(ServerError):
+    """The request is valid but the model cannot honour it (e.g. compile failure)."""
+
+
+class Unsupported(ServerError):
+    """A feature ovserve does not implement."""
+
+
+class DeadlineExceeded(ServerError):
+    """The work did not finish within its deadline (e.g. an explanation's predictor calls)."""
+
+
+class InternalError(ServerError):
+    """A bug or a runtime failure; the message is safe to show."""
+
+
+#                        REST status  gRPC status
+_TABLE: dict[type[ServerError], tuple[int, str]] = {
+    InvalidInput: (400, "INVALID_ARGUMENT"),
+    NotFound: (404, "NOT_FOUND"),
+    Unavailable: (503, "UNAVAILABLE"),
+    PayloadTooLarge: (413, "RESOURCE_EXHAUSTED"),
+    FailedPrecondition: (412, "FAILED_PRECONDITION"),
+    Unsupported: (501, "UNIMPLEMENTED"),
+    DeadlineExceeded: (504, "DEADLINE_EXCEEDED"),
+    InternalError: (500, "INTERNAL"),
+    ServerError: (500, "INTERNAL"),
+}
+
+HTTP_STATUS: dict[type[ServerError], int] = {k: v[0] for k, v in _TABLE.items()}
+GRPC_STATUS: dict[type[ServerError], str] = {k: v[1] for k, v in _TABLE.items()}
+
+
+def statuses(klass: type[ServerError]) -> tuple[int, str]:
+    """(REST status, gRPC code name) of an error class: its own row, or its nearest base's."""
+    for base in klass.__mro__:
+        if base in _TABLE:
+            return _TABLE[base]  # type: ignore[index]
+    return _TABLE[ServerError]
+
+
+def http_status(err: ServerError) -> int:
+    return statuses(type(err))[0]
+
+
+def grpc_status(err: ServerError) -> str:
+    return statuses(type(err))[1]
