@@ -14,7 +14,7 @@ import numpy as np
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from ..transports.grpc_v2.converters import CONTENTS_FIELD, params_from_pb, params_to_pb
+from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
 from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
 from .predictor import BACKOFF
 from .predictor_errors import PredictorTimeout, PredictorUnavailable, error_from_grpc

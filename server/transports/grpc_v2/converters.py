@@ -1,55 +1,14 @@
 """Protobuf <-> neutral types. Protobuf messages never leave this module and the servicer."""
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.codecs.datatypes import numpy_dtype
 from ...errors import InvalidInput
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
+from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
 from ...types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
-
-#: V2 datatype -> the InferTensorContents field that carries it.
-CONTENTS_FIELD = {
-    "BOOL": "bool_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-
-
-def params_from_pb(params: Any) -> dict[str, Any]:
-    out = {}
-    for key, p in params.items():
-        which = p.WhichOneof("parameter_choice")
-        out[key] = getattr(p, which) if which else None
-    return out
-
-
-def params_to_pb(target: Any, params: dict[str, Any]) -> None:
-    for key, value in params.items():
-        p = target[key]
-        if isinstance(value, bool):
-            p.bool_param = value
-        elif isinstance(value, int):
-            if value >= 0 and value > 2**63 - 1:
-                p.uint64_param = value
-            else:
-                p.int64_param = value
-        elif isinstance(value, float):
-            p.double_param = value
-        else:
-            p.string_param = str(value)
 
 
 def request_from_pb(msg: pb.ModelInferRequest) -> InferRequest:
