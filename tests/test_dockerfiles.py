@@ -204,9 +204,10 @@ def test_wheel_from_the_context_has_both_programs(wheel: Path) -> None:
                    "ovserve/operator/main.py", "ovserve/operator/rbac.yaml"):
         assert module in names, module
     # every Python package in the source tree is in the wheel (a package missing from pyproject's list is not)
-    for init in (ROOT / "server").rglob("__init__.py"):
-        rel = init.relative_to(ROOT / "server").as_posix()
-        assert f"ovserve/server/{rel}" in names, f"server/{rel} is not packaged: add it to pyproject.toml"
+    for folder in ("server", "common", "client"):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.relative_to(ROOT / folder).as_posix()
+            assert f"ovserve/{folder}/{rel}" in names, f"{folder}/{rel} is not packaged: add it to pyproject.toml"
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "ovserve = ovserve.server.cli:main" in entry_points
     assert "ovserve-operator = ovserve.operator.main:main" in entry_points

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ovserve.server.components import predictor as pc
+import ovserve.client as pc
+from ovserve.client import errors as client_errors
+from ovserve.client import rest_wire
 from ovserve.server.components.transformer import TransformerDataPlane, load_handler, tensor, Transformer
 from ovserve.server.codecs import v1
 from ovserve.server.errors import InvalidInput, ServerError, grpc_status, http_status
@@ -23,19 +25,19 @@ from ovserve.server.types import InferRequest, InferResponse, ModelMetadata, Req
     (500, "INTERNAL"), (501, "UNIMPLEMENTED"), (503, "UNAVAILABLE"), (504, "DEADLINE_EXCEEDED"),
 ])
 def test_predictor_http_errors_keep_their_status(status: int, grpc: str) -> None:
-    err = pc.error_from_http(status, "model 'm' not found")
+    err = client_errors.error_from_http(status, "model 'm' not found")
     assert isinstance(err, (ServerError, pc.PredictorError))
     assert http_status(err) == status and grpc_status(err) == grpc
     assert err.message == "predictor: model 'm' not found"
-    back = pc.error_from_grpc(grpc, "x")
+    back = client_errors.error_from_grpc(grpc, "x")
     assert http_status(back) == status and grpc_status(back) == grpc
 
 
 def test_unusual_statuses_map_to_the_nearest_class() -> None:
-    assert http_status(pc.error_from_http(422, "bad")) == 400
-    assert http_status(pc.error_from_http(502, "bad gateway")) == 500
-    assert http_status(pc.error_from_grpc("ABORTED", "x")) == 500
-    assert pc.error_from_http(422, "bad").status == 422  # the predictor's own status is kept on the error
+    assert http_status(client_errors.error_from_http(422, "bad")) == 400
+    assert http_status(client_errors.error_from_http(502, "bad gateway")) == 500
+    assert http_status(client_errors.error_from_grpc("ABORTED", "x")) == 500
+    assert client_errors.error_from_http(422, "bad").status == 422  # the predictor's own status is kept on the error
 
 
 @pytest.mark.parametrize("host, tls, want", [
@@ -59,7 +61,7 @@ def test_v2_request_is_binary_and_the_server_reads_it_back() -> None:
     words = np.array([b"\xff\xd8 jpeg", b"text"], dtype=object)
     req = InferRequest("m", [Tensor("x", "FP32", (2, 3), x), Tensor("w", "BYTES", (2,), words)], id="7",
                        outputs=[RequestedOutput("y")])
-    body, header_len = pc.encode_v2_request(req)
+    body, header_len = rest_wire.encode_v2_request(req)
     assert b'"data"' not in body[:header_len]  # every tensor went binary
     back = decode_infer_request("m", "", body, str(header_len))
     np.testing.assert_array_equal(back.inputs[0].data, x)
@@ -74,7 +76,7 @@ def test_v2_response_binary_and_json_decode() -> None:
     for binary in (True, False):
         req = InferRequest("m", [], parameters={"binary_data_output": binary})
         payload, header_len = encode_infer_response(resp, req)
-        got = pc.decode_v2_response(payload, None if header_len is None else str(header_len))
+        got = rest_wire.decode_v2_response(payload, None if header_len is None else str(header_len))
         np.testing.assert_array_equal(got.outputs[0].data, y)
         assert list(got.outputs[1].data) == [b"cat"] and got.model_version == "1"
         assert "binary_data_size" not in got.outputs[0].parameters
@@ -82,14 +84,14 @@ def test_v2_response_binary_and_json_decode() -> None:
 
 def test_v1_wire_round_trip() -> None:
     req = InferRequest("m", [Tensor("x", "FP32", (1, 2), np.array([[1.0, 2.0]], np.float32))])
-    assert pc.encode_v1_request(req) == {"instances": [[1.0, 2.0]]}
+    assert rest_wire.encode_v1_request(req) == {"instances": [[1.0, 2.0]]}
     md = ModelMetadata("m", ["1"], "OpenVINO", [TensorSpec("x", "FP32", (-1, 2))],
                        [TensorSpec("sum", "FP32", (-1,)), TensorSpec("label", "BYTES", (-1,))])
-    resp = pc.decode_v1_predictions({"predictions": [{"sum": 3.0, "label": "cat"}]}, "m", md)
+    resp = rest_wire.decode_v1_predictions({"predictions": [{"sum": 3.0, "label": "cat"}]}, "m", md)
     assert [t.name for t in resp.outputs] == ["sum", "label"]
     assert resp.outputs[0].data.dtype == np.float32 and list(resp.outputs[1].data) == [b"cat"]
     with pytest.raises(pc.PredictorInternal):
-        pc.decode_v1_predictions({"nope": 1}, "m", md)
+        rest_wire.decode_v1_predictions({"nope": 1}, "m", md)
 
 
 def v1_request(model: str, doc: object, specs: list[TensorSpec]) -> InferRequest:
@@ -158,8 +160,9 @@ def test_imagenet_with_a_bad_labels_file_exits_at_start(tmp_path: Path) -> None:
 def test_rest_clients_never_load_the_protobuf_package() -> None:
     """A process that uses the REST predictor client (or this test process) keeps `inference` free."""
     code = ("import sys, asyncio\n"
-            "from ovserve.server.components import transformer_server, predictor\n"
-            "c = predictor.PredictorClient('127.0.0.1:9', 'v2'); asyncio.run(c.aclose())\n"
-            "print(any(m.startswith(('ovserve.common.proto', 'ovserve.server.transports.grpc_v2')) for m in sys.modules))")
+            "from ovserve.server.components import transformer_server\n"
+            "from ovserve.client import PredictorClient\n"
+            "c = PredictorClient('127.0.0.1:9', 'v2'); asyncio.run(c.aclose())\n"
+            "print(any(m.startswith(('ovserve.common.proto', 'ovserve.client.grpc_v2', 'ovserve.server.transports.grpc_v2')) for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

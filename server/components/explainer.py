@@ -404,7 +404,7 @@ def main(ns: argparse.Namespace) -> int:
             or ns.predictor_request_retries < 0:
         log.error("timeouts must be positive, --max_concurrent_calls at least 1 and --predictor_request_retries >= 0")
         return 2
-    from .predictor import split_host
+    from ovserve.client.connection import split_host
 
     try:
         split_host(ns.predictor_host, ns.predictor_use_ssl)
@@ -421,7 +421,7 @@ def build(ns: argparse.Namespace) -> Any:
     from ..transports.grpc.listener import GrpcListener
     from ..transports.grpc_v2 import servicer as kserve_grpc
     from ..transports.rest.listener import RestListener
-    from .predictor import PredictorClient
+    from ovserve.client.predictor import PredictorClient
 
     settings = process_settings(ns)
     protocol = ns.predictor_protocol or ns.protocol or "v2"

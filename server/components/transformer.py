@@ -85,7 +85,7 @@ class Transformer:
 
     Set by the component before the first request: ``model_name`` (the name it
     serves, ``--model_name``) and ``predictor`` (a
-    :class:`~ovserve.server.components.predictor.PredictorClient`).
+    :class:`~ovserve.client.predictor.PredictorClient`).
     """
 
     model_name: str = ""

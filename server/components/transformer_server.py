@@ -17,7 +17,7 @@ from ..config import ProcessSettings
 from ..errors import InvalidInput
 from ..flags import add_process_flags, boolean, process_settings
 from ..process import configure_logging, run_event_loop
-from .predictor import PROTOCOLS
+from ovserve.client.predictor import PROTOCOLS
 from .transformer import HandlerLoadError, Transformer, load_handler
 
 log = logging.getLogger("ovserve.transformer")
@@ -65,7 +65,7 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     from ..transports.grpc.listener import GrpcListener
     from ..transports.grpc_v2 import servicer as kserve_grpc
     from ..transports.rest.listener import RestListener
-    from .predictor import PredictorClient
+    from ovserve.client.predictor import PredictorClient
     from .transformer import TransformerDataPlane
 
     settings = process_settings(ns)

@@ -13,8 +13,9 @@ import numpy as np
 import orjson
 
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
-from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
-from .predictor_errors import PredictorInternal
+from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
+
+from .errors import PredictorInternal
 
 HEADER = "Inference-Header-Content-Length"
 
@@ -73,7 +74,7 @@ def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
 
 
 def metadata_from_json(doc: dict) -> ModelMetadata:
-    def specs(items: list) -> list[TensorSpec]:
+    def specs(items: list | None) -> list[TensorSpec]:
         return [TensorSpec(i["name"], i["datatype"], tuple(int(d) for d in i.get("shape", []))) for i in items or []]
 
     return ModelMetadata(name=doc.get("name", ""), versions=[str(v) for v in doc.get("versions") or []],

@@ -1,7 +1,8 @@
-"""The grpc-v2 side of :class:`~.predictor.PredictorClient`: one grpc.aio channel.
+"""KServe V2 gRPC to a predictor (``grpc-v2``): one grpc.aio channel, and the protobuf <-> neutral types.
 
 Imported only when a client uses ``grpc-v2``, so that a process which never
-talks gRPC never loads ovserve's protobuf package (``inference``).
+talks gRPC never loads ovserve's protobuf package (``inference``, the one copy
+in :mod:`ovserve.common.proto` that the server's servicer uses too).
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, re
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
-from ..types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
-from .predictor import BACKOFF
-from .predictor_errors import PredictorTimeout, PredictorUnavailable, error_from_grpc
+from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
+
+from .connection import backoff
+from .errors import PredictorTimeout, PredictorUnavailable, error_from_grpc
 
 #: Reconnect quickly once the predictor is back (gRPC's default backoff grows to 120 s).
 CHANNEL_OPTIONS = [
@@ -61,6 +63,8 @@ def response_from_pb(msg: pb.ModelInferResponse) -> InferResponse:
 
 
 class GrpcPredictor:
+    """One predictor over KServe V2 gRPC; retries only while the channel cannot reach it."""
+
     def __init__(self, target: str, use_ssl: bool, timeout: float, retries: int = 2) -> None:
         self.target = target
         self.timeout = timeout
@@ -89,7 +93,7 @@ class GrpcPredictor:
                 if attempt >= self.retries:
                     raise PredictorUnavailable(
                         f"unreachable at {self.target} ({exc.details()})") from None
-            await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+            await asyncio.sleep(backoff(attempt))
             attempt += 1
 
     async def live(self, timeout: float | None = None) -> bool:

@@ -1,14 +1,16 @@
 """Errors that come from the predictor: its status, its message, marked ``predictor: ``.
 
-Each is a subclass of the matching class of :mod:`ovserve.server.errors`, so the
-transports' one mapping gives the client the same HTTP status or gRPC code the
-predictor gave.
+Each is a subclass of the matching class of the one error hierarchy
+(:mod:`ovserve.common.errors`, which the server's transports map), so a
+transformer or explainer that lets one through answers its own client with the
+HTTP status or gRPC code the predictor gave, without importing this package's
+classes or the client importing the server.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import (
+from ovserve.common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InternalError,
@@ -65,8 +67,9 @@ class PredictorInternal(PredictorError, InternalError):
     pass
 
 
-_CLASSES = (PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
-            PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
+_CLASSES: tuple[type[PredictorError], ...] = (
+    PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
+    PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
 #: the predictor's HTTP status or gRPC code -> the class with that row in the error table
 _BY_HTTP: dict[int, type[PredictorError]] = {statuses(c)[0]: c for c in _CLASSES}
 _BY_GRPC: dict[str, type[PredictorError]] = {statuses(c)[1]: c for c in _CLASSES} | {"OUT_OF_RANGE": PredictorInvalidInput}
@@ -82,7 +85,8 @@ def error_from_grpc(code_name: str, message: str) -> PredictorError:
     return _BY_GRPC.get(code_name, PredictorInternal)(message)
 
 
-def _http_message(resp: Any) -> str:
+def http_message(resp: Any) -> str:
+    """The message of an HTTP error reply: its JSON ``error``, else its text (at most 500 characters)."""
     try:
         doc = resp.json()
         if isinstance(doc, dict) and isinstance(doc.get("error"), str):
