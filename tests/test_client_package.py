@@ -55,6 +55,17 @@ def test_client_and_common_never_import_the_server() -> None:
     assert not offenders, offenders
 
 
+def test_client_and_common_need_only_light_packages() -> None:
+    """What a client install must bring: numpy, orjson, aiohttp, grpcio and protobuf, nothing of the server's."""
+    allowed = {"common": {"numpy", "google", "grpc"}, "client": {"numpy", "orjson", "aiohttp", "grpc", "google"}}
+    for folder, packages in allowed.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            sub = path.parent.relative_to(ROOT / folder).parts
+            tops = {name.split(".")[0] for name in absolute_imports(path, ".".join(("ovserve", folder, *sub)))}
+            extra = tops - packages - {"ovserve", "__future__"} - sys.stdlib_module_names
+            assert not extra, f"{path.relative_to(ROOT)} imports {sorted(extra)}"
+
+
 CLIENT = textwrap.dedent('''
     import asyncio, json, sys
     for name in {blocked!r}:
