@@ -50,7 +50,7 @@ def add(p: Any, flag: str, cast: Callable[[str], Any], default: Any, help: str,
                    help=f"{help} [env {env}; default {default}]", **kw)
 
 
-def _port(text: str) -> int | None:
+def port(text: str) -> int | None:
     """A port; ``off`` (or an empty value) for no listener at all."""
     return None if text.strip().lower() in ("", "off", "none") else int(text)
 
@@ -64,7 +64,7 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     add(net, "--host", str, defaults.host, "address every listener binds")
     add(net, "--rest-port", int, defaults.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)",
         aliases=["--http_port", "--http-port"] if kserve else [])
-    add(net, "--grpc-port", _port, defaults.grpc_port,
+    add(net, "--grpc-port", port, defaults.grpc_port,
         "KServe V2 gRPC port; 0 picks a free port (logged); off: no gRPC", aliases=names("--grpc-port"))
     add(net, "--grpc-engine", str, defaults.grpc_engine,
         "gRPC server: grpcio (grpc.aio) or native (pygrpc-native: HTTP/2 outside the GIL, "

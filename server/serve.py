@@ -39,11 +39,12 @@ def make_source(settings: Settings) -> Source:
 def build(settings: Settings) -> Server:
     images.configure(settings.max_image_pixels, settings.max_images)
     dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval))
-    rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes)
-    grpc = GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)], settings.max_request_bytes,
-                        settings.grpc_engine)
-    return Server(dataplane, [(rest, settings.rest_port), (grpc, settings.grpc_port)], settings.host,
-                  settings.grace_period)
+    listeners: list = [(RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes),
+                        settings.rest_port)]
+    if settings.grpc_port is not None:  # --grpc-port off: REST only
+        listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)],
+                                       settings.max_request_bytes, settings.grpc_engine), settings.grpc_port))
+    return Server(dataplane, listeners, settings.host, settings.grace_period)
 
 
 async def serve(settings: Settings) -> int:

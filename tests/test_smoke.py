@@ -40,3 +40,14 @@ def test_rest_model_list(server) -> None:
 
     names = requests.get(server.url + "/v2/models", timeout=10).json()["models"]
     assert {"add", "matmul", "two", "fixed", "dt_fp32"} <= set(names)
+
+
+def test_grpc_port_off_serves_rest_alone(start_server, demo_repo) -> None:
+    """``--grpc-port off``: one listener; the bound-ports map says so, and REST answers."""
+    import requests
+
+    server = start_server("--model-repository", demo_repo, "--poll-interval", "0", "--grpc-port", "off")
+    line = server.wait_log(r"listening: ")
+    assert line.rstrip().endswith(f"listening: rest={server.rest_port}"), line
+    assert not server.output.ports.grpc
+    assert requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200
