@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from . import __version__
+from .version import __version__
 from .config import Settings
 from .flags import ENV_PREFIX, add as _add, add_process_flags
 from .process import configure_logging, run_event_loop

@@ -21,7 +21,7 @@ from .runtime.memory import release_free_memory
 from .runtime.openvino import OpenVINOModel
 from .types import (Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, PortInfo, ServerMetadata,
                     Tensor, VersionStatus)
-from . import __version__
+from .version import __version__
 
 log = logging.getLogger("ovserve")
 

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
-from . import __version__
+from .version import __version__
 from .archives import CHUNK, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, RATIO_FLOOR, ArchiveError, Limits, is_archive, unpack
 
 try:

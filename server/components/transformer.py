@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from ..version import __version__
 from ovserve.common.codecs.datatypes import numpy_dtype, v2_datatype
 from ovserve.common.codecs.tensors import encoding_parameters, reply_parameters
 from ..dataplane import DataPlane
