@@ -12,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .servers import ServerProcess, free_port
+from ovserve.server.child import free_ports
+
+from .servers import ServerProcess
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".peer-venv"
@@ -56,7 +58,7 @@ def versions() -> dict[str, str]:
 
 def start(models: dict[str, dict]) -> ServerProcess:
     """``models``: name -> {"path": model.xml, "plugin_config": {...}}."""
-    rest, grpc = free_port(), free_port()
+    rest, grpc = free_ports(2)  # the peer cannot bind port 0 and report it
     cmd = [str(python()), str(HERE / "peer_server.py"), "--http_port", str(rest), "--grpc_port", str(grpc),
            "--models", json.dumps(models)]
     return ServerProcess("kserve", cmd, rest_port=rest, grpc_port=grpc)

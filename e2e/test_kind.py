@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -9,16 +9,15 @@ the whole map::
     listening: rest=8080 grpc=8081
 
 Whatever starts a server and needs its ports (the tests, the benchmark,
-``ovserve run``) reads them back with :class:`BoundPorts`, which knows them all
-once the map line has come. This module imports nothing heavy, so a client
-process can use it without the server's stubs.
+``ovserve run``, all through :mod:`.child`) reads them back with
+:class:`BoundPorts`, which knows them all once the map line has come. This
+module imports nothing heavy, so a client process can use it without the
+server's stubs.
 """
 from __future__ import annotations
 
 import re
 import threading
-from collections import deque
-from typing import IO
 
 #: listener names: the keys of the map (the operator names its container ports after them too)
 REST = "rest"
@@ -74,29 +73,3 @@ class BoundPorts:
         m = _LINE.search(line)
         if m is not None:
             self.ports[m.group(1)] = int(m.group(2))
-
-
-class ServerLog:
-    """A child server's log stream, read on a thread: keeps the lines, learns the ports.
-
-    ``keep`` bounds how many lines are kept (None: all of them).
-    """
-
-    def __init__(self, stream: IO[str], ports: BoundPorts | None = None, keep: int | None = None) -> None:
-        self.ports = ports or BoundPorts()
-        self.lines: list[str] | deque[str] = [] if keep is None else deque(maxlen=keep)
-        self._stream = stream
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self._stream:
-            self.lines.append(line)
-            self.ports.feed(line)
-
-    @property
-    def text(self) -> str:
-        return "".join(list(self.lines))
-
-    def join(self, timeout: float) -> None:
-        self._reader.join(timeout)

@@ -1,27 +1,16 @@
-"""Fixtures that run the real server in its own process on ephemeral ports.
-
-The server under test always runs as ``python -m ovserve.server serve`` in a
-child process: that is how users run it, and it keeps its protobuf package
-(``inference``) out of the test process, where tritonclient defines its own.
-"""
+"""Fixtures that run the real server in its own process on ephemeral ports (tests/servers.py)."""
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
-import requests
 from hypothesis import HealthCheck, settings
 
-from ovserve.server.ports import ServerLog
-
 from . import models
+from .models import PHOTOS
+from .servers import EXACT, ServerProcess
 
 # Property-based tests run on a shared 2-core machine next to live servers: no per-example
 # deadline (a slow example is not a failure), and a fixed seed under CI so a run is repeatable.
@@ -29,118 +18,6 @@ settings.register_profile("ovserve", deadline=None, suppress_health_check=[Healt
                           derandomize=bool(os.environ.get("CI")), print_blob=True)
 settings.load_profile("ovserve")
 
-#: Full FP32 precision, so that expected values computed with numpy match
-#: closely (the CPU plugin may otherwise run FP32 models in BF16).
-EXACT = ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}']
-
-
-class ComponentProcess:
-    """A running ``python -m ovserve.server COMMAND ...`` with its bound ports and captured log.
-
-    ``grpc``: whether the process announces a gRPC port too (what ``wait_ports`` waits for).
-    """
-
-    kind = "component"
-    #: seconds to bind the ports and to become ready
-    timeout: float = 60
-
-    def __init__(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-                 grpc: bool = True, preexec_fn: Callable[[], None] | None = None) -> None:
-        self.args = [sys.executable, "-m", "ovserve.server", *command]
-        self.grpc = grpc
-        full_env = {**os.environ, **(env or {})}
-        self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     env=full_env, cwd=cwd, text=True, preexec_fn=preexec_fn)
-        assert self.proc.stderr is not None
-        self.output = ServerLog(self.proc.stderr)
-
-    @property
-    def rest_port(self) -> int:
-        return self.output.ports.rest
-
-    @property
-    def grpc_port(self) -> int:
-        return self.output.ports.grpc
-
-    @property
-    def lines(self) -> list[str]:
-        return self.output.lines  # type: ignore[return-value]
-
-    @property
-    def log(self) -> str:
-        return self.output.text
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}"
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def _bound(self) -> bool:
-        return self.output.ports.known.is_set() if self.grpc else bool(self.output.ports.rest)
-
-    def wait_ports(self, timeout: float | None = None):
-        deadline = time.monotonic() + (timeout or self.timeout)
-        while not self._bound():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{self.log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.kind} did not bind its ports:\n{self.log}")
-            time.sleep(0.05)
-        return self
-
-    def wait_ready(self, timeout: float | None = None):
-        timeout = timeout or self.timeout
-        self.wait_ports(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{self.log}")
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.kind} not ready after {timeout}s:\n{self.log}")
-
-    def wait_log(self, pattern: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        rx = re.compile(pattern)
-        while time.monotonic() < deadline:
-            for line in list(self.output.lines):
-                if rx.search(line):
-                    return line
-            time.sleep(0.05)
-        raise TimeoutError(f"no log line matching {pattern!r}:\n{self.log}")
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.output.join(5)
-        return self.proc.returncode
-
-
-class ServerProcess(ComponentProcess):
-    """A running ``ovserve serve`` on ephemeral ports."""
-
-    kind = "server"
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-                 preexec_fn: Callable[[], None] | None = None) -> None:
-        super().__init__(["serve", "--host", "127.0.0.1", "--rest-port", "0", "--grpc-port", "0", *args], env, cwd,
-                         preexec_fn=preexec_fn)
-
-
-#: Real photos from scikit-image and what the ImageNet classifier must call them.
-PHOTOS = {"chelsea": "Egyptian cat", "coffee": "espresso"}
 
 
 @pytest.fixture(scope="session")

@@ -9,20 +9,22 @@ HPA controllers (they would overwrite that status) but with the garbage
 collector and the service-account token controller.
 
 None of these binaries can bind port 0 and report it, so free ports are picked
-just before the start; a clash (rare) is retried with new ports.
+just before the start; a clash (rare) is retried with new ports. Each runs in its
+own process group and dies with pytest (``ovserve.server.child.spawn``).
 """
 from __future__ import annotations
 
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import requests
 import urllib3
+
+from ovserve.server.child import free_ports, spawn
 
 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
@@ -40,17 +42,6 @@ def missing_reason() -> str | None:
         return (f"{', '.join(absent)} not in {BIN}: run scripts/k8s_testbed.sh (scripts/test.sh does) "
                 "to build them from Debian's kubernetes source package")
     return None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def kubeconfig(server: str, token: str, namespace: str = "default") -> str:
@@ -74,9 +65,8 @@ class ControlPlane:
         self._api_args: list[str] = []
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "ab")
-        proc = subprocess.Popen([str(BIN / name), *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(self.dir / f"{name}.log", "ab") as log:  # the child has its own copy
+            proc = spawn([str(BIN / name), *args], stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc
 
@@ -106,7 +96,7 @@ class ControlPlane:
         raise AssertionError("unreachable")
 
     def _start_once(self) -> "ControlPlane":
-        etcd_port, peer_port, api_port = _free_ports(3)
+        etcd_port, peer_port, api_port = free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         self._spawn("etcd", [

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from typing import Iterator
 import pytest
 import requests
 import yaml
+
+from ovserve.server.child import free_ports, spawn
 
 from .k8s import ControlPlane, kubeconfig
 
@@ -173,16 +174,14 @@ class Operator:
         self.logfile = workdir / "operator.log"
 
     def start(self) -> "Operator":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        (self.port,) = free_ports(1)  # kopf's health endpoint cannot report a port 0 back
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env["KUBECONFIG"] = str(self.kubeconfig)
         exe = Path(sys.executable).parent / "ovserve-operator"
-        self.proc = subprocess.Popen(
-            [str(exe), "--health-host", "127.0.0.1", "--health-port", str(self.port), "--server-image", IMAGE,
-             "--verbose", *self.args], env=env, cwd=self.workdir, stdin=subprocess.DEVNULL,
-            stdout=open(self.logfile, "ab"), stderr=subprocess.STDOUT)
+        with open(self.logfile, "ab") as log:
+            self.proc = spawn([str(exe), "--health-host", "127.0.0.1", "--health-port", str(self.port),
+                               "--server-image", IMAGE, "--verbose", *self.args],
+                              env=env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
         eventually(self.healthy, 60, what=f"operator /healthz\n{self.log()}")
         return self
 

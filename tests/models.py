@@ -31,6 +31,9 @@ OV_TYPES = {
 
 MATMUL_SEED = 1234
 
+#: Real photos from scikit-image (conftest's ``photos`` fixture) and what the ImageNet classifier must call them.
+PHOTOS = {"chelsea": "Egyptian cat", "coffee": "espresso"}
+
 
 def _named(node, name: str):
     node.output(0).get_tensor().set_names({name})
@@ -114,6 +117,44 @@ def fixed_batch(batch: int = 1) -> ov.Model:
     """A static-shape model: x FP32 [batch, 4] -> y = x * 2."""
     x = ops.parameter(ov.PartialShape([batch, 4]), ov.Type.f32, name="x")
     return ov.Model([_named(ops.multiply(x, ops.constant(np.float32(2))), "y")], [x], "fixed")
+
+
+SLOW_K, SLOW_LAYERS = 1024, 128
+SLOW_PERM = np.random.default_rng(99).permutation(SLOW_K)
+
+
+def slow(version: int) -> ov.Model:
+    """x FP32 [-1,1024] -> 128 chained matmuls with a permutation matrix, + version.
+
+    About 0.3 s per 512 rows on two cores, and exact: each product picks one element.
+    """
+    w = np.zeros((SLOW_K, SLOW_K), np.float32)
+    w[SLOW_PERM, np.arange(SLOW_K)] = 1  # (x @ w)[:, j] == x[:, SLOW_PERM[j]]
+    x = ops.parameter(ov.PartialShape([-1, SLOW_K]), ov.Type.f32, name="x")
+    h, c = x, ops.constant(w)
+    for _ in range(SLOW_LAYERS):
+        h = ops.matmul(h, c, False, False)
+    y = ops.add(h, ops.constant(np.float32(version)))
+    y.output(0).get_tensor().set_names({"y"})
+    return ov.Model([y], [x], "slow")
+
+
+def slow_expected(x: np.ndarray, version: int) -> np.ndarray:
+    idx = np.arange(SLOW_K)
+    for _ in range(SLOW_LAYERS):
+        idx = idx[SLOW_PERM]
+    return x[:, idx] + np.float32(version)
+
+
+def put_version(model: ov.Model, base: Path, version: int) -> Path:
+    """Write base/<version>/model.xml atomically: built in a hidden sibling, then renamed."""
+    base.mkdir(parents=True, exist_ok=True)
+    staging = base.parent / f".{base.name}-{version}-staging"
+    staging.mkdir()
+    ov.save_model(model, str(staging / "model.xml"), compress_to_fp16=False)
+    target = base / str(version)
+    staging.rename(target)
+    return target
 
 
 def save(model: ov.Model, repo: Path, name: str, version: int = 1) -> Path:

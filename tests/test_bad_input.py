@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from . import models
-from .conftest import EXACT, ComponentProcess, ServerProcess
+from .servers import EXACT, ComponentProcess, ServerProcess
 
 TIMEOUT = 10  # seconds, for every single request
 
@@ -91,7 +91,7 @@ def assert_still_serving(server: ServerProcess, stub: pb_grpc.GRPCInferenceServi
     assert server.proc.poll() is None, f"server exited:\n{server.log}"
     rest_infer_ok(server.url)
     grpc_infer_ok(stub)
-    logged = "".join(server.lines[mark:])
+    logged = "\n".join(server.lines[mark:])
     assert "Traceback" not in logged and "unexpected error" not in logged, logged
 
 
@@ -586,7 +586,7 @@ def test_the_header_cap_is_a_flag_and_counts_only_the_head(start_server, demo_re
 @pytest.mark.parametrize("flag", [None, "4096"], ids=["default", "flag"])
 def test_the_transformer_and_explainer_cap_the_head_too(command: list[str], flag: str | None) -> None:
     """They serve REST through the same runner, with the same flag (KServe's underscore spelling)."""
-    proc = ComponentProcess(command + (["--max_header_bytes", flag] if flag else []), grpc=False).wait_ports()
+    proc = ComponentProcess(command + (["--max_header_bytes", flag] if flag else [])).wait_ports()
     try:
         limit = int(flag or 65536)
         # (live or not, with no predictor: either answer read the head)

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from . import models
-from .conftest import EXACT, ServerProcess
+from .servers import EXACT, ServerProcess
 
 V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")
@@ -60,7 +60,7 @@ def test_a_server_in_a_one_cpu_cgroup_runs_openvino_on_one_thread(tmp_path: Path
     def enter() -> None:  # in the child, before exec: the whole server lives in the group
         procs.write_text(str(os.getpid()))
 
-    server = ServerProcess(["--model-repository", str(tmp_path / "repo"), *EXACT], preexec_fn=enter)
+    server = ServerProcess(["--model-repository", str(tmp_path / "repo"), *EXACT], setup=enter)
     try:
         server.wait_ready()
         line = server.wait_log(r"cgroup CPU quota allows 1 of the \d+ CPUs in sight: INFERENCE_NUM_THREADS 1")

@@ -28,7 +28,7 @@ import tritonclient.http as thttp
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from .conftest import ServerProcess
+from .servers import ServerProcess
 from .values import DATATYPES, NUMPY, f32, objects, plus_one, sample
 
 TIMEOUT = 20

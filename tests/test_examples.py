@@ -12,7 +12,7 @@ import yaml
 from ovserve.operator import manifests, validation
 from ovserve.operator.config import Config
 
-from .test_operator_crd import VALIDATOR
+from .crd import VALIDATOR
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml")

@@ -29,7 +29,7 @@ import requests
 
 
 from . import models
-from .conftest import EXACT, ComponentProcess, ServerProcess
+from .servers import EXACT, ExplainerProcess, ServerProcess
 
 W = np.array([[1.0, -2.0, 0.5],
               [3.0, 0.0, -1.0],
@@ -66,17 +66,6 @@ def region_model(nchw: bool = False) -> ov.Model:
     y = ops.matmul(flat, ops.constant(masks.reshape(2, -1).T.copy()), False, False)
     y.output(0).get_tensor().set_names({"scores"})
     return ov.Model([y], [x], "region")
-
-
-class ExplainerProcess(ComponentProcess):
-    """A running ``ovserve explainer`` on an ephemeral REST port."""
-
-    kind = "explainer"
-    timeout = 30
-
-    def __init__(self, model: str, predictor: str, *extra: str) -> None:
-        super().__init__(["explainer", "--model_name", model, "--predictor_host", predictor,
-                          "--http_port", "0", "--host", "127.0.0.1", *extra], grpc=False)
 
 
 @pytest.fixture(scope="module")

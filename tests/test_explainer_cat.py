@@ -20,8 +20,7 @@ import requests
 from ovserve.server.zoo import fetch
 from ovserve.server.zoo.mobilenet_v2 import write_classifier
 
-from . import test_explainer as base
-from .conftest import EXACT, ServerProcess
+from .servers import EXACT, ExplainerProcess, ServerProcess
 
 cv2 = pytest.importorskip("cv2")
 skdata = pytest.importorskip("skimage.data")
@@ -81,8 +80,8 @@ def predictor(tmp_path_factory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def explainer(predictor) -> Iterator[base.ExplainerProcess]:
-    proc = base.ExplainerProcess("mobilenet_v2", f"127.0.0.1:{predictor.rest_port}")
+def explainer(predictor) -> Iterator[ExplainerProcess]:
+    proc = ExplainerProcess("mobilenet_v2", f"127.0.0.1:{predictor.rest_port}")
     try:
         yield proc.wait_ready()
     finally:
@@ -151,51 +150,11 @@ def test_too_many_calls_is_refused_before_calling(explainer, cat):
     assert "max_calls" in r.json()["error"] and "12544 perturbed copies" in r.json()["error"]
 
 
-def test_the_example_inferenceservice_runs_and_explains(predictor, cat, tmp_path):
-    """examples/explainer/isvc.yaml under `ovserve run` (the operator's pod specs as processes), model folder swapped."""
-    import re
-    import signal
-    import subprocess
-    import sys
-    import threading
-    from pathlib import Path
-
-    example = (Path(__file__).parents[1] / "examples/explainer/isvc.yaml").read_text()
-    repo = Path(predictor.args[predictor.args.index("--model-repository") + 1])
-    isvc = tmp_path / "isvc.yaml"
-    isvc.write_text(example.replace("file:///tmp/ovserve-demo/mobilenet_v2", (repo / "mobilenet_v2").as_uri()))
-    run = subprocess.Popen([sys.executable, "-m", "ovserve.server", "run", str(isvc)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(run.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 90
-        url = None
-        while url is None and time.monotonic() < deadline and run.poll() is None:
-            found = [m for m in (re.match(r"explainer: (http://\S+)", ln) for ln in list(lines)) if m]
-            url = found[0].group(1) if found else None
-            time.sleep(0.1)
-        assert url, "".join(lines)
-        r = requests.post(f"{url}/v1/models/cat-classifier:explain",
-                          json={"instances": [cat.tolist()], "parameters": PARAMS}, timeout=120)
-        assert r.status_code == 200, r.text
-        check_mass(np.asarray(r.json()["explanations"][0]["attributions"], dtype=np.float32))
-    finally:
-        run.send_signal(signal.SIGINT)
-        try:
-            run.wait(30)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            run.wait()
-        reader.join(5)
-
-
 def test_sigterm_lets_the_explanation_in_flight_finish(predictor, cat):
     import signal
     import threading
 
-    proc = base.ExplainerProcess("mobilenet_v2", f"127.0.0.1:{predictor.rest_port}").wait_ready()
+    proc = ExplainerProcess("mobilenet_v2", f"127.0.0.1:{predictor.rest_port}").wait_ready()
     result: dict = {}
 
     def explain() -> None:  # 28 x 28 patches every 14 pixels: 225 copies, 8 calls; about a second of work

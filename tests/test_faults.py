@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
-from .conftest import ServerProcess
+from .servers import ServerProcess
 
 TIMEOUT = 15  # seconds for every request: a hang fails the test instead of wedging it
 #: rounds of (bad, good) per case: more than any model here has infer requests

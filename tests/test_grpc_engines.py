@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 
-from .conftest import EXACT, ServerProcess
+from .clients import grpc_infer
+from .models import SLOW_K, put_version, slow, slow_expected
+from .servers import EXACT, ServerProcess
 
 pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
 
@@ -91,8 +93,6 @@ def test_native_shutdown_finishes_calls_in_flight_and_refuses_new_ones(tmp_path:
     import threading
 
     from tritonclient.utils import InferenceServerException
-
-    from .test_lifecycle import SLOW_K, grpc_infer, put_version, slow, slow_expected
 
     put_version(slow(4), tmp_path / "repo" / "s", 1)
     server = ServerProcess(["--model-repository", str(tmp_path / "repo"), "--nireq", "1", "--poll-interval", "0",

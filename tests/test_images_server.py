@@ -36,7 +36,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, triton_to_np_dtype
 
 from . import models
-from .conftest import EXACT, PHOTOS, ServerProcess
+from .models import PHOTOS
+from .servers import EXACT, ServerProcess
 
 cv2 = pytest.importorskip("cv2")
 

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -39,7 +38,10 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from . import models
-from .conftest import EXACT, ServerProcess
+from .clients import binary_infer, grpc_infer
+from .flags import serve_options
+from .models import SLOW_K, put_version, slow, slow_expected
+from .servers import EXACT, ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POLL = ["--poll-interval", "0.2"]
@@ -60,44 +62,6 @@ def doubler() -> ov.Model:
     y = ops.add(x, x)
     y.output(0).get_tensor().set_names({"y"})
     return ov.Model([y], [x], "double")
-
-
-SLOW_K, SLOW_LAYERS = 1024, 128
-SLOW_PERM = np.random.default_rng(99).permutation(SLOW_K)
-
-
-def slow(version: int) -> ov.Model:
-    """x FP32 [-1,1024] -> 128 chained matmuls with a permutation matrix, + version.
-
-    About 0.3 s per 512 rows on two cores, and exact: each product picks one element.
-    """
-    w = np.zeros((SLOW_K, SLOW_K), np.float32)
-    w[SLOW_PERM, np.arange(SLOW_K)] = 1  # (x @ w)[:, j] == x[:, SLOW_PERM[j]]
-    x = ops.parameter(ov.PartialShape([-1, SLOW_K]), ov.Type.f32, name="x")
-    h, c = x, ops.constant(w)
-    for _ in range(SLOW_LAYERS):
-        h = ops.matmul(h, c, False, False)
-    y = ops.add(h, ops.constant(np.float32(version)))
-    y.output(0).get_tensor().set_names({"y"})
-    return ov.Model([y], [x], "slow")
-
-
-def slow_expected(x: np.ndarray, version: int) -> np.ndarray:
-    idx = np.arange(SLOW_K)
-    for _ in range(SLOW_LAYERS):
-        idx = idx[SLOW_PERM]
-    return x[:, idx] + np.float32(version)
-
-
-def put_version(model: ov.Model, base: Path, version: int) -> Path:
-    """Write base/<version>/model.xml atomically: built in a hidden sibling, then renamed."""
-    base.mkdir(parents=True, exist_ok=True)
-    staging = base.parent / f".{base.name}-{version}-staging"
-    staging.mkdir()
-    ov.save_model(model, str(staging / "model.xml"), compress_to_fp16=False)
-    target = base / str(version)
-    staging.rename(target)
-    return target
 
 
 def write_json(path: Path, content: Any) -> None:
@@ -176,28 +140,6 @@ def grpc_health(server: ServerProcess, service: str = "") -> int:
         return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
 
 
-def grpc_infer(client: tgrpc.InferenceServerClient, model: str, x: np.ndarray = X, version: str = "") -> np.ndarray:
-    inp = tgrpc.InferInput("x", list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    return client.infer(model, [inp], model_version=version, client_timeout=30).as_numpy("y")
-
-
-def binary_infer(url: str, model: str, x: np.ndarray) -> np.ndarray:
-    """POST /infer with the binary tensor data extension, through plain requests."""
-    raw = np.ascontiguousarray(x, np.float32).tobytes()
-    header = json.dumps({
-        "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "parameters": {"binary_data_size": len(raw)}}],
-        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
-    }).encode()
-    resp = requests.post(f"{url}/v2/models/{model}/infer", data=header + raw, timeout=60,
-                         headers={"Inference-Header-Content-Length": str(len(header)),
-                                  "Content-Type": "application/octet-stream"})
-    assert resp.status_code == 200, resp.text
-    n = int(resp.headers["Inference-Header-Content-Length"])
-    out = json.loads(resp.content[:n])["outputs"][0]
-    return np.frombuffer(resp.content[n:], np.float32).reshape(out["shape"])
-
-
 # -- the three modes, flags and environment ------------------------------------------
 
 
@@ -255,8 +197,6 @@ def test_bad_mode_combinations_exit_non_zero(args: list[str], env: dict[str, str
 
 
 def test_help_mentions_every_option() -> None:
-    from .test_repository_unit import serve_options
-
     top = run_cli("--help")
     serve = run_cli("serve", "--help")
     assert top.returncode == 0 and serve.returncode == 0
@@ -660,7 +600,7 @@ def test_broken_models_do_not_block_the_good_ones(tmp_path: Path, start_server) 
         assert resp.status_code == 503 and reason in resp.json()["error"], resp.text
         assert requests.get(f"{server.url}/v2/models/{name}/ready", timeout=10).status_code == 400
         with pytest.raises(InferenceServerException) as info:
-            grpc_infer(client, name)
+            grpc_infer(client, name, X)
         assert info.value.status() == "StatusCode.UNAVAILABLE" and reason in info.value.message()
         assert client.is_model_ready(name) is False
     assert rows["empty"]["state"] == "UNAVAILABLE" and "no version folders" in rows["empty"]["reason"]
@@ -902,15 +842,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path, start_server) -> None
     assert "Traceback" not in server.log
 
 
-# -- the process around the server ---------------------------------------------------------
-
-
-def test_import_operator_from_the_repo_root_is_the_standard_library() -> None:
-    code = "import operator, sys; print(operator.__file__); sys.exit(0 if operator.add(2, 3) == 5 else 1)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    assert (REPO_ROOT / "operator").is_dir() and not (REPO_ROOT / "operator" / "__init__.py").exists()
-    assert Path(done.stdout.strip()).parent == Path(sysconfig.get_paths()["stdlib"])
+# -- gRPC health and reflection ---------------------------------------------------------
 
 
 def test_grpc_health_and_reflection(server: ServerProcess) -> None:

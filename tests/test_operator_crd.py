@@ -6,13 +6,12 @@ import copy
 import runpy
 from pathlib import Path
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-CRD = ROOT / "crds/serving.kserve.io_inferenceservices.yaml"
+from .crd import CRD, ROOT, VALIDATOR, crd, schema
+
 CHART_CRD = ROOT / "charts/ovserve/crds/serving.kserve.io_inferenceservices.yaml"
 DATA = Path(__file__).parent / "data/isvc"
 EXAMPLES = sorted(DATA.glob("*.yaml"))
@@ -20,14 +19,6 @@ BAD = sorted((DATA / "bad").glob("*.yaml"))
 K8S_VERSIONS = ["1.25", "1.28", "1.31", "1.34", "1.37"]
 LOGIC = {"allOf", "anyOf", "oneOf", "not"}
 INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
-
-
-def crd() -> dict:
-    return yaml.safe_load(CRD.read_text())
-
-
-def schema() -> dict:
-    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def test_chart_copy_is_identical() -> None:
@@ -98,16 +89,6 @@ def test_crd_is_a_valid_kubernetes_object(version: str) -> None:
     kubernetes_validate.validate(crd(), version, strict=True)
 
 
-def as_json_schema(node: object) -> object:
-    """OpenAPI v3 (as Kubernetes uses it) -> JSON Schema: drop the x-kubernetes-* markers."""
-    if isinstance(node, dict):
-        return {k: as_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
-    if isinstance(node, list):
-        return [as_json_schema(v) for v in node]
-    return node
-
-
-VALIDATOR = jsonschema.Draft7Validator(as_json_schema(schema()))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -8,6 +8,7 @@ the ``ovserve serve`` flags with their ``OVSERVE_*`` environment variables.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import json
 import logging
@@ -20,7 +21,7 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from ovserve.server import cli
+from ovserve.server import cli, flags
 from ovserve.server.config import Settings
 from ovserve.server.errors import InvalidInput
 from ovserve.server.repository.config import (
@@ -36,6 +37,7 @@ from ovserve.server.repository.policy import VersionPolicy
 from ovserve.server.runtime.openvino import LoadOptions
 
 from . import models
+from .flags import serve_options
 
 
 def doc(*configs: dict) -> str:
@@ -702,18 +704,9 @@ def test_an_unusable_config_at_start_is_invalid_input_and_not_ready(tmp_path: Pa
 # -- command line and environment ---------------------------------------------------
 
 
-def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return sub.choices["serve"]
-
-
-def serve_options() -> list[argparse.Action]:
-    return [a for a in serve_parser(cli.build_parser())._actions if a.option_strings and a.dest != "help"]
-
-
 def test_every_setting_is_a_serve_flag() -> None:
     dests = {a.dest for a in serve_options()}
-    assert dests == set(Settings.__slots__)  # type: ignore[attr-defined]
+    assert dests == {f.name for f in dataclasses.fields(Settings)}
 
 
 def _sample(action: argparse.Action) -> tuple[str, object]:
@@ -723,7 +716,7 @@ def _sample(action: argparse.Action) -> tuple[str, object]:
         return choice, choice
     if action.type is Path:
         return "/some/where", Path("/some/where")
-    if action.type is int:
+    if action.type in (int, flags.port):
         return "7", 7
     if action.type is float:
         return "0.25", 0.25

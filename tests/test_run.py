@@ -1,17 +1,15 @@
-"""``ovserve run FILE`` as a user runs it (a child process in its own session, stopped with the
+"""``ovserve run FILE`` as a user runs it (a child process in its own process group, stopped with the
 signals a terminal sends) on the examples/: real V2 inferences under the InferenceService's
 name, --http-port, Ctrl-C and SIGTERM with every process and port freed, and the failures a
-user meets, each with its reason. The helpers here are shared with test_run_transformer.py."""
+user meets, each with its reason. The helpers are in ovserve_run.py, shared with test_run_transformer.py."""
 from __future__ import annotations
 
-import ctypes
 import io
 import os
-import select
 import re
+import select
 import signal
 import socket
-import subprocess
 import sys
 import tarfile
 import threading
@@ -23,161 +21,10 @@ import pytest
 import requests
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-ANNOUNCE = re.compile(r"^(predictor|transformer|explainer): http://127\.0\.0\.1:(\d+)(?: grpc://127\.0\.0\.1:(\d+))?$")
-WORKDIR = re.compile(r"(/\S*/ovserve-run-[^/\s]+)/")
+from ovserve.server.child import free_ports, spawn
 
-
-def example(name: str, tmp: Path, uri: str | None = None, **edit: object) -> Path:
-    """A copy of examples/NAME with the predictor's storageUri (and other spec fields) replaced."""
-    isvc = yaml.safe_load((EXAMPLES / name).read_text())
-    if uri is not None:
-        isvc["spec"]["predictor"]["model"]["storageUri"] = uri
-    for key, value in edit.items():
-        isvc["spec"]["predictor"]["model"][key] = value
-    path = tmp / f"{isvc['metadata']['name']}-{len(list(tmp.glob('*.yaml')))}.yaml"
-    path.write_text(yaml.safe_dump(isvc))
-    return path
-
-
-def write(tmp: Path, isvc: dict) -> Path:
-    path = tmp / f"{isvc['metadata']['name']}-{len(list(tmp.glob('*.yaml')))}.yaml"
-    path.write_text(yaml.safe_dump(isvc))
-    return path
-
-
-def command(file: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "ovserve.server", "run", str(file), *args]
-
-
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-
-
-def _session_dying_with_pytest() -> None:
-    """Its own session (a terminal's Ctrl-C goes to its process group alone), and SIGTERM if pytest
-    itself is killed, so an interrupted test run leaves no ``ovserve run`` behind."""
-    os.setsid()
-    if _prctl is not None:
-        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class OvserveRun:
-    def __init__(self, file: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(command(file, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, preexec_fn=_session_dying_with_pytest,
-                                     env={**os.environ, **(env or {})})
-        self.lines: list[str] = []
-        self.urls: dict[str, tuple[int, int | None]] = {}
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            m = ANNOUNCE.match(line.rstrip("\n"))
-            if m:
-                self.urls[m.group(1)] = (int(m.group(2)), int(m.group(3)) if m.group(3) else None)
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def rest(self, component: str = "predictor") -> str:
-        return f"127.0.0.1:{self.urls[component][0]}"
-
-    def grpc(self, component: str = "predictor") -> str:
-        return f"127.0.0.1:{self.urls[component][1]}"
-
-    def wait_ready(self, timeout: float = 120) -> "OvserveRun":
-        deadline = time.monotonic() + timeout
-        while not any(line.startswith("model: ") for line in self.lines):
-            if self.proc.poll() is not None:
-                self._reader.join(5)
-                raise RuntimeError(f"ovserve run exited with {self.proc.returncode}:\n{self.output}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ovserve run not ready after {timeout}s:\n{self.output}")
-            time.sleep(0.05)
-        return self
-
-    def wait_exit(self, timeout: float = 120) -> int:
-        try:
-            self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._reader.join(5)
-        return self.proc.returncode
-
-    def workdir(self) -> str:
-        found = WORKDIR.search(self.output)
-        assert found, self.output
-        return found.group(1)
-
-    def children(self) -> list[int]:
-        return [pid for pid, ppid in processes() if ppid == self.proc.pid]
-
-    def stop(self, sig: int = signal.SIGINT, group: bool = True, timeout: float = 30) -> tuple[int, float]:
-        """Send ``sig`` (to the whole process group, as a terminal's Ctrl-C does); (exit code, seconds)."""
-        start = time.monotonic()
-        if self.proc.poll() is None:
-            (os.killpg if group else os.kill)(self.proc.pid, sig)
-        code = self.wait_exit(timeout)
-        return code, time.monotonic() - start
-
-
-def processes() -> list[tuple[int, int]]:
-    """(pid, parent pid) of every process, from /proc."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            out.append((int(entry.name), int(stat.rsplit(")", 1)[1].split()[1])))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def using(text: str) -> list[int]:
-    """Processes whose command line mentions ``text`` (e.g. a run's work folder)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a restarted server binds
-        try:
-            s.bind(("127.0.0.1", port))
-            s.listen()
-            return True
-        except OSError:
-            return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from .ovserve_run import (EXAMPLES, ROOT, WORKDIR, OvserveRun, alive, assert_all_gone, bindable, command, example,
+                          processes, using, write)
 
 # -- fixtures ---------------------------------------------------------------------
 
@@ -302,16 +149,8 @@ def test_http_storage_through_the_real_initializer(name: str, model_site: str, f
 
 # -- stopping ------------------------------------------------------------------------
 
-def _assert_all_gone(run: OvserveRun, children: list[int], ports: list[int], workdir: str) -> None:
-    assert children, "the run had no child processes"
-    assert [pid for pid in children if alive(pid)] == []
-    assert using(workdir) == []
-    assert not Path(workdir).exists(), "the stand-in for /mnt/models was left behind"
-    assert [p for p in ports if not bindable(p)] == []
-
-
 def test_http_port_is_honored_and_ctrl_c_stops_everything(demo: Path, files: Path) -> None:
-    port = free_port()
+    (port,) = free_ports(1)
     run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"), "--http-port", str(port))
     try:
         run.wait_ready()
@@ -325,7 +164,7 @@ def test_http_port_is_honored_and_ctrl_c_stops_everything(demo: Path, files: Pat
         code, seconds = run.stop(signal.SIGINT, group=True)
     assert code == 0, run.output
     assert seconds < 10, f"took {seconds:.1f}s to stop"
-    _assert_all_gone(run, children, ports, workdir)
+    assert_all_gone(children, ports, workdir)
     assert "ovserve run: stopping" in run.output
 
 
@@ -340,7 +179,7 @@ def test_sigterm_stops_everything(demo: Path, files: Path) -> None:
         code, seconds = run.stop(signal.SIGTERM, group=False)
     assert code == 0, run.output
     assert seconds < 10, f"took {seconds:.1f}s to stop"
-    _assert_all_gone(run, children, ports, workdir)
+    assert_all_gone(children, ports, workdir)
 
 
 def test_ctrl_c_while_the_model_is_still_being_fetched(files: Path, tmp_path: Path) -> None:
@@ -476,9 +315,8 @@ def test_children_do_not_outlive_a_killed_run(demo: Path, files: Path) -> None:
 def test_a_closed_output_is_no_failure(demo: Path, files: Path) -> None:
     """`ovserve run FILE 2>&1 | head`: once the reader goes away, the run keeps serving and still stops cleanly."""
     read, write_end = os.pipe()
-    proc = subprocess.Popen(command(example("demo-add.yaml", files, f"file://{demo / 'add_one'}")),
-                            stdout=write_end, stderr=write_end, stdin=subprocess.DEVNULL,
-                            preexec_fn=_session_dying_with_pytest)
+    proc = spawn(command(example("demo-add.yaml", files, f"file://{demo / 'add_one'}")),
+                 stdout=write_end, stderr=write_end)
     os.close(write_end)
     try:
         out, deadline = b"", time.monotonic() + 60

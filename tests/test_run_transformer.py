@@ -15,8 +15,10 @@ import pytest
 import requests
 import yaml
 
-from .conftest import PHOTOS
-from .test_run import EXAMPLES, OvserveRun, _assert_all_gone, example, free_port, write
+from ovserve.server.child import free_ports
+
+from .models import PHOTOS
+from .ovserve_run import EXAMPLES, OvserveRun, assert_all_gone, example, write
 
 cv2 = pytest.importorskip("cv2")
 skdata = pytest.importorskip("skimage.data")
@@ -71,7 +73,7 @@ def with_transformer(request: pytest.FixtureRequest, model_dir: Path, files: Pat
     isvc = yaml.safe_load(example("classifier-transformer.yaml", files, f"file://{model_dir}").read_text())
     if request.param == "grpc-v2":
         isvc["spec"]["transformer"]["containers"][0]["args"] += ["--predictor_protocol", "grpc-v2"]
-    port = free_port()
+    (port,) = free_ports(1)
     run = OvserveRun(write(files, isvc), "--http-port", str(port))
     run.port = port  # type: ignore[attr-defined]
     try:
@@ -131,7 +133,7 @@ def test_ctrl_c_stops_predictor_and_transformer(model_dir: Path, files: Path) ->
         code, seconds = run.stop(signal.SIGINT)
     assert code == 0 and seconds < 10, (code, seconds, run.output)
     assert len(children) == 2, children
-    _assert_all_gone(run, children, ports, workdir)
+    assert_all_gone(children, ports, workdir)
 
 
 def test_the_examples_agree_on_the_model() -> None:

@@ -26,7 +26,7 @@ import requests
 
 
 from . import models
-from .conftest import EXACT, ComponentProcess, ServerProcess
+from .servers import EXACT, ServerProcess, TransformerProcess
 
 HANDLERS = textwrap.dedent('''
     import asyncio
@@ -86,16 +86,6 @@ HANDLERS = textwrap.dedent('''
             first.outputs.append(tensor("note", [["two calls"]] * len(second.outputs[0].data)))
             return first
 ''')
-
-
-class TransformerProcess(ComponentProcess):
-    """A running ``ovserve transformer`` on ephemeral ports (REST and gRPC)."""
-
-    kind = "transformer"
-    timeout = 30
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        super().__init__(["transformer", "--host", "127.0.0.1", "--http_port", "0", "--grpc_port", "0", *args], env)
 
 
 def expected(x: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import requests
 
-from .conftest import EXACT, PHOTOS, ServerProcess
-from .test_transformer import TransformerProcess
+from .models import PHOTOS
+from .servers import EXACT, ServerProcess, TransformerProcess
 
 pytest.importorskip("cv2")  # the ImageNet transformer decodes with OpenCV
 

@@ -20,8 +20,7 @@ import pytest
 import requests
 
 from . import models
-from .conftest import EXACT, ServerProcess
-from .test_transformer import TransformerProcess
+from .servers import EXACT, ServerProcess, TransformerProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is not installed")
 

@@ -5,28 +5,27 @@ from :mod:`.plan`, i.e. from the operator's own pod builders. The
 :class:`Supervisor` starts the processes in pod order (init containers, then the
 main container; predictor, then transformer and explainer wired to it), waits on
 the probes the pod declares, streams every log line with its component's name,
-and stops everything on Ctrl-C, SIGTERM, or when one process dies. Each server
-announces its ports with the server's own log line, read back with
-``ovserve.server.ports.BoundPorts`` (the one parser of it). docs/run.md has the
-details.
+and stops everything on Ctrl-C, SIGTERM, or when one process dies. Each process
+is an ``ovserve.server.child.Child`` (its own process group, so Ctrl-C reaches
+``run`` alone, and dead with ``run`` even if ``run`` is killed outright); each
+server announces its ports with the server's own log lines, read back with
+``ovserve.server.ports.BoundPorts`` (the one parser of them). docs/run.md has
+the details.
 """
 from __future__ import annotations
 
-import collections
-import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from typing import IO
 
-from ovserve.server.ports import BoundPorts
+from ovserve.server.child import Child
 
 from ..pods import is_ovserve
 from .plan import Component, Probe, Proc, RunError, entry_component, local_args
@@ -46,44 +45,31 @@ class Stopped(Exception):
 
 
 class Running:
-    """One started process: its log (streamed with a prefix, the last lines kept) and its bound ports."""
+    """One started process (:class:`ovserve.server.child.Child`): its log streamed with a prefix, the
+    last lines kept, and its bound ports."""
 
     def __init__(self, proc: Proc, argv: list[str], env: dict[str, str], out: IO[str]) -> None:
         self.spec, self.argv = proc, argv
-        self.ports = BoundPorts()
-        self.lines: collections.deque[str] = collections.deque(maxlen=KEEP_LINES)
-        self._out = out
-        self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, errors="replace",
-                                      preexec_fn=_own_group_dying_with_parent)
-        self._reader = threading.Thread(target=self._read, daemon=True, name=f"log-{proc.label}")
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        prefix = f"{self.spec.label} | "
-        for line in self.popen.stdout:
-            self.lines.append(line)
-            self.ports.feed(line)
-            say(self._out, prefix + line.rstrip("\n"))  # never stops draining the pipe, or the child would block
+        prefix = f"{proc.label} | "
+        # echo never stops draining the pipe (say() swallows a closed stream), or the child would block
+        self.child = Child(argv, name=proc.label, env=env, keep=KEEP_LINES, merge_output=True,
+                           echo=lambda line: say(out, prefix + line))
+        self.popen = self.child.proc
+        self.ports = self.child.ports
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.child.alive()
 
     def tail(self) -> str:
         if not self.alive():
-            self._reader.join(2)  # the lines it wrote before exiting
-        return "".join(f"    {line}" for line in list(self.lines)).rstrip("\n") or "    (no output)"
+            self.child.output.join(2)  # the lines it wrote before exiting
+        return "\n".join(f"    {line}" for line in list(self.child.lines)) or "    (no output)"
 
     def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, sig)  # its own group: reaches anything it started too
-            except ProcessLookupError:
-                pass
+        self.child.signal(sig, group=True)  # its own group: reaches anything it started too
 
     def finish(self) -> None:
-        self._reader.join(2)
+        self.child.output.join(2)
         if self.popen.stdout is not None:
             self.popen.stdout.close()
 
@@ -99,21 +85,6 @@ def say(stream: IO[str], line: str) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-except (OSError, AttributeError):  # pragma: no cover - non-glibc
-    _prctl = None
-
-
-def _own_group_dying_with_parent() -> None:
-    """In the child before exec: its own process group (Ctrl-C reaches ``run``, which stops it in order),
-    and on Linux SIGTERM if ``run`` itself is killed outright, so no server outlives it."""
-    os.setpgid(0, 0)
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _load_failure(base: str, name: str) -> str:
