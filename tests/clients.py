@@ -1,11 +1,31 @@
-"""V2 clients of a model ``x`` FP32 -> ``y`` FP32 (tests/models.py), shared by the lifecycle and engine tests."""
+"""Clients shared by several test modules: a REST POST that says when its request has been sent,
+and V2 clients of a model ``x`` FP32 -> ``y`` FP32 (tests/models.py)."""
 from __future__ import annotations
 
+import http.client
 import json
+import threading
+from urllib.parse import urlsplit
 
 import numpy as np
-import requests
 import tritonclient.grpc as tgrpc
+
+
+def post(url: str, body: bytes, headers: dict[str, str], sent: threading.Event | None = None,
+         timeout: float = 60) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """POST ``body`` on a new connection: (status, headers, body) of the answer. ``sent`` is set once the
+    whole request has been handed to the kernel (``request()`` returns after writing it), before the
+    answer is awaited: with tests/inflight.py, a test then knows when the server has read it all."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("POST", parts.path, body=body, headers=headers)
+        if sent is not None:
+            sent.set()
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
+    finally:
+        conn.close()
 
 
 def grpc_infer(client: tgrpc.InferenceServerClient, model: str, x: np.ndarray, version: str = "") -> np.ndarray:
@@ -15,17 +35,16 @@ def grpc_infer(client: tgrpc.InferenceServerClient, model: str, x: np.ndarray, v
     return client.infer(model, [inp], model_version=version, client_timeout=30).as_numpy("y")
 
 
-def binary_infer(url: str, model: str, x: np.ndarray) -> np.ndarray:
-    """POST /infer with the binary tensor data extension, through plain requests."""
+def binary_infer(url: str, model: str, x: np.ndarray, sent: threading.Event | None = None) -> np.ndarray:
+    """POST /infer with the binary tensor data extension (``sent``: see :func:`post`)."""
     raw = np.ascontiguousarray(x, np.float32).tobytes()
     header = json.dumps({
         "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "parameters": {"binary_data_size": len(raw)}}],
         "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
     }).encode()
-    resp = requests.post(f"{url}/v2/models/{model}/infer", data=header + raw, timeout=60,
-                         headers={"Inference-Header-Content-Length": str(len(header)),
-                                  "Content-Type": "application/octet-stream"})
-    assert resp.status_code == 200, resp.text
-    n = int(resp.headers["Inference-Header-Content-Length"])
-    out = json.loads(resp.content[:n])["outputs"][0]
-    return np.frombuffer(resp.content[n:], np.float32).reshape(out["shape"])
+    status, headers, content = post(f"{url}/v2/models/{model}/infer", header + raw, sent=sent, headers={
+        "Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+    assert status == 200, content[:2000]
+    n = int(headers["Inference-Header-Content-Length"])
+    out = json.loads(content[:n])["outputs"][0]
+    return np.frombuffer(content[n:], np.float32).reshape(out["shape"])

@@ -31,6 +31,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from . import models
+from .inflight import Uploads
 from .servers import EXACT, ComponentProcess, ServerProcess
 
 TIMEOUT = 10  # seconds, for every single request
@@ -473,9 +474,10 @@ HANG_UPS = [
 def test_a_client_hanging_up_mid_upload_is_one_info_line(server, stub, path: str, head: str, sent: bytes) -> None:
     """A client that goes away before its body is read is no error of the server's."""
     mark = len(server.lines)
+    uploads = Uploads(server.rest_port)
     with socket.create_connection(("127.0.0.1", server.rest_port), timeout=TIMEOUT) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\n{head}\r\n".encode() + sent)
-        time.sleep(0.2)  # the server is waiting for the rest of the body when the client leaves
+        uploads.wait()  # sendall returned: once the server has read it all, it waits for the rest of the body
     server.wait_log(r"INFO .*client went away during POST " + re.escape(path))
     assert_still_serving(server, stub, mark)
     logged = server.lines[mark:]

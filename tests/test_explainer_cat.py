@@ -10,6 +10,7 @@ cat must carry far more of it, on average, than a pixel of the background.
 from __future__ import annotations
 
 import base64
+import json
 import time
 from typing import Iterator
 
@@ -20,6 +21,8 @@ import requests
 from ovserve.server.zoo import fetch
 from ovserve.server.zoo.mobilenet_v2 import write_classifier
 
+from .clients import post
+from .inflight import Uploads
 from .servers import EXACT, ExplainerProcess, ServerProcess
 
 cv2 = pytest.importorskip("cv2")
@@ -156,22 +159,26 @@ def test_sigterm_lets_the_explanation_in_flight_finish(predictor, cat):
 
     proc = ExplainerProcess("mobilenet_v2", f"127.0.0.1:{predictor.rest_port}").wait_ready()
     result: dict = {}
+    # 28 x 28 patches every 14 pixels: 225 copies, 8 calls; about a second of work
+    body = json.dumps({"instances": [cat.tolist()],
+                       "parameters": {"patch_size": 28, "stride": 14, "max_calls": 20}}).encode()
+    uploads, sent = Uploads(proc.rest_port), threading.Event()
 
-    def explain() -> None:  # 28 x 28 patches every 14 pixels: 225 copies, 8 calls; about a second of work
-        result["r"] = requests.post(f"{proc.url}/v1/models/mobilenet_v2:explain", timeout=60, json={
-            "instances": [cat.tolist()], "parameters": {"patch_size": 28, "stride": 14, "max_calls": 20}})
+    def explain() -> None:
+        result["r"] = post(f"{proc.url}/v1/models/mobilenet_v2:explain", body, {"Content-Type": "application/json"},
+                           sent)
 
     worker = threading.Thread(target=explain)
     try:
         worker.start()
-        time.sleep(0.3)
+        uploads.wait(sent=sent.is_set)  # the explainer has read the request
         proc.proc.send_signal(signal.SIGTERM)
         worker.join(60)
-        assert result["r"].status_code == 200, result["r"].text
-        assert result["r"].json()["perturbations"] == 225
-        assert proc.proc.wait(30) == 0
-        proc.output.join(5)
-        log = proc.output.text
+        status, _, answer = result["r"]
+        assert status == 200, answer
+        assert json.loads(answer)["perturbations"] == 225
+        assert proc.wait_exit(30) == 0
+        log = proc.log
         assert log.index("shutting down") < log.index("explained mobilenet_v2"), log  # the signal came mid-way
     finally:
         proc.stop()

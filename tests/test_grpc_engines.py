@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 
 from .clients import grpc_infer
+from .inflight import Uploads
 from .models import SLOW_K, put_version, slow, slow_expected
 from .servers import EXACT, ServerProcess
 
@@ -102,6 +102,7 @@ def test_native_shutdown_finishes_calls_in_flight_and_refuses_new_ones(tmp_path:
         x = np.random.default_rng(9).standard_normal((1024, SLOW_K)).astype(np.float32)  # ~0.6 s, 4 MB reply
         client = tgrpc.InferenceServerClient(server.grpc_target)
         assert client.is_server_live()
+        uploads = Uploads(server.grpc_port)
         results: dict[str, object] = {}
 
         def call(key: str) -> None:
@@ -114,7 +115,7 @@ def test_native_shutdown_finishes_calls_in_flight_and_refuses_new_ones(tmp_path:
         second = threading.Thread(target=call, args=("second",))  # waits for the one infer request
         first.start()
         second.start()
-        time.sleep(0.3)
+        uploads.wait(2 * x.nbytes)  # both calls read by the server (tests/inflight.py)
         server.proc.send_signal(signal.SIGTERM)
         server.wait_log("shutting down", timeout=10)
         with pytest.raises(InferenceServerException) as late:

@@ -40,6 +40,7 @@ from tritonclient.utils import InferenceServerException
 from . import models
 from .clients import binary_infer, grpc_infer
 from .flags import serve_options
+from .inflight import Uploads
 from .models import SLOW_K, put_version, slow, slow_expected
 from .servers import EXACT, ServerProcess
 
@@ -396,21 +397,23 @@ def test_every_policy_follows_the_disk_both_ways(tmp_path: Path, start_server) -
 
 
 def slow_calls_in_flight(server: ServerProcess, x: np.ndarray, count: int = 6) -> tuple[list[Any], list[threading.Thread]]:
-    """``count`` binary inferences of ``x`` on model ``s``, each on a thread, started and given
-    0.2 s to reach the server (with --nireq 1 they are served one at a time: about 2 s of work).
-    Each result is the answer, the exception it raised, or None while it is in flight."""
+    """``count`` binary inferences of ``x`` on model ``s``, each on a thread, returned once the server
+    has read them all (tests/inflight.py; with --nireq 1 they are served one at a time: about 2 s of
+    work). Each result is the answer, the exception it raised, or None while it is in flight."""
+    uploads = Uploads(server.rest_port)
     results: list[Any] = [None] * count
+    sent = [threading.Event() for _ in range(count)]
 
     def call(i: int) -> None:
         try:
-            results[i] = binary_infer(server.url, "s", x)
+            results[i] = binary_infer(server.url, "s", x, sent[i])
         except Exception as exc:  # reported by the caller
             results[i] = exc
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    uploads.wait(sent=lambda: all(e.is_set() for e in sent))
     return results, threads
 
 
@@ -535,7 +538,8 @@ def test_a_policy_change_leaves_no_gap(tmp_path: Path, start_server) -> None:
     try:
         write_json(path, config_doc({"name": "s", "base_path": "s", "model_version_policy": {"all": {}}}))
         wait_until(lambda: metadata_versions(server, "s") == ["1", "2"], "the policy change", server)
-        time.sleep(0.3)
+        answered = len(statuses)
+        wait_until(lambda: len(statuses) >= answered + 3, "three more answers after the change", server)
     finally:
         stop.set()
         thread.join(30)
@@ -802,10 +806,12 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path, start_server) -> None
     results: dict[str, Any] = {}
     client = tgrpc.InferenceServerClient(server.grpc_target)
     assert client.is_server_live()  # the channel is connected before the clock starts
+    rest_uploads, grpc_uploads = Uploads(server.rest_port), Uploads(server.grpc_port)
+    sent = {f"rest{i}": threading.Event() for i in range(3)}
 
     def rest(key: str) -> None:
         try:
-            results[key] = binary_infer(server.url, "s", x)
+            results[key] = binary_infer(server.url, "s", x, sent[key])
         except Exception as exc:
             results[key] = exc
 
@@ -819,10 +825,10 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path, start_server) -> None
     threads += [threading.Thread(target=rest, args=(f"rest{i}",)) for i in range(3)]
     for t in threads:
         t.start()
-    # All four are in the server well before the first one (of ~0.6 s) is done; the others wait
-    # for the one infer request. A loaded machine needs the margin: a request still in the
-    # client when SIGTERM comes is refused, rightly, and this test would blame the server.
-    time.sleep(1.0)
+    # SIGTERM once the server has read all four (a request still in the client would be refused,
+    # rightly, and this test would blame the server); the others wait for the one infer request.
+    rest_uploads.wait(sent=lambda: all(e.is_set() for e in sent.values()))
+    grpc_uploads.wait(x.nbytes)  # grpcio sends on its own threads: the 4 MB the server acknowledged and read
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     server.wait_log("shutting down", timeout=10)

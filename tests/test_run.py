@@ -184,17 +184,13 @@ def test_sigterm_stops_everything(demo: Path, files: Path) -> None:
 
 def test_ctrl_c_while_the_model_is_still_being_fetched(files: Path, tmp_path: Path) -> None:
     """A storage initializer that never finishes (an http server that never answers) is stopped too."""
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen()
+    silent = socket.create_server(("127.0.0.1", 0))
+    silent.settimeout(60)
     try:
         run = OvserveRun(example("http.yaml", files, f"http://127.0.0.1:{silent.getsockname()[1]}/m.tar.gz"))
-        deadline = time.monotonic() + 30
-        while not run.children() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        children = run.children()
-        time.sleep(0.5)
-        code, seconds = run.stop(signal.SIGINT)
+        with silent.accept()[0]:  # the storage initializer is connected, waiting for an answer
+            children = run.children()
+            code, seconds = run.stop(signal.SIGINT)
     finally:
         silent.close()
     assert code == 0 and seconds < 10, (code, seconds, run.output)

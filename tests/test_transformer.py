@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +27,8 @@ import requests
 
 
 from . import models
+from .clients import post
+from .inflight import Uploads
 from .servers import EXACT, ServerProcess, TransformerProcess
 
 HANDLERS = textwrap.dedent('''
@@ -524,14 +527,17 @@ def test_sigterm_lets_the_request_in_flight_finish(predictor: ServerProcess, han
     proc = TransformerProcess("--handler", "handlers:Sleepy", "--model_name", "matmul",
                               "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
                               env={"PYTHONPATH": str(handlers)}).wait_ready()
-    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8],
+                                   "data": X.reshape(-1).tolist()}]}).encode()
+    uploads, sent = Uploads(proc.rest_port), threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(requests.post, proc.url + "/v2/models/matmul/infer", json=body, timeout=30)
-        time.sleep(0.3)  # the request is inside the handler's sleep
+        pending = pool.submit(post, proc.url + "/v2/models/matmul/infer", body, {"Content-Type": "application/json"},
+                              sent, 30)
+        uploads.wait(sent=sent.is_set)  # the server has read it: inside the handler's 1 s sleep
         started = time.monotonic()
         assert proc.stop() == 0
-        resp = pending.result(30)
-    assert resp.status_code == 200, resp.text
-    np.testing.assert_allclose(np.array(resp.json()["outputs"][0]["data"]).reshape(2, 4), expected(X / 2) - 100,
-                               rtol=1e-5)
+        status, _, answer = pending.result(30)
+    assert status == 200, answer
+    np.testing.assert_allclose(np.array(json.loads(answer)["outputs"][0]["data"]).reshape(2, 4),
+                               expected(X / 2) - 100, rtol=1e-5)
     assert time.monotonic() - started < 10
