@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Install ovserve with its test dependencies into .venv and run the whole suite.
-# Usage: bash scripts/test.sh [pytest args...]
+# Usage: bash scripts/test.sh [--unit] [pytest args...]
+#   (default)  install ovserve with its test dependencies into .venv and run the whole suite (what CI runs)
+#   --unit     the unit tier alone (tests/tiers.py: in-process tests, no server, no network), in seconds,
+#              with .venv as it is (made only if missing): the fast loop while editing
+# Any tier: .venv/bin/python -m pytest -m "integration" (unit, integration, operator, local, e2e, bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
+if [ "${1:-}" = "--unit" ]; then
+    shift
+    [ -x .venv/bin/python ] || ensure_venv test,dev
+    exec .venv/bin/python -m pytest -m unit -q tests "$@"
+fi
 ensure_venv test,dev
 # The operator's integration tests need a real kube-apiserver: built once from Debian's sources and
 # cached in ~/.cache/ovserve/k8s (a no-op when cached). If it cannot be built, those tests skip.

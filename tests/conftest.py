@@ -1,4 +1,5 @@
-"""Fixtures that run the real server in its own process on ephemeral ports (tests/servers.py)."""
+"""Fixtures that run the real server in its own process on ephemeral ports (tests/servers.py), and
+the test tiers (tests/tiers.py: every test is in one; ``pytest -m unit`` is the fast loop)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from . import models
 from .models import PHOTOS
 from .servers import EXACT, ServerProcess
+from .tiers import pytest_collection_modifyitems, pytest_runtest_makereport, unit_tests_stay_in_process  # noqa: F401
 
 # Property-based tests run on a shared 2-core machine next to live servers: no per-example
 # deadline (a slow example is not a failure), and a fixed seed under CI so a run is repeatable.

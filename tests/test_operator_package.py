@@ -7,6 +7,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -16,6 +18,7 @@ def run(code: str, cwd: Path) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.integration
 def test_import_operator_from_the_repo_root_is_the_standard_library() -> None:
     assert not (ROOT / "operator/__init__.py").exists()
     where = run("import operator; print(operator.__file__)", ROOT)
@@ -23,6 +26,7 @@ def test_import_operator_from_the_repo_root_is_the_standard_library() -> None:
     assert run("import operator; print(operator.itemgetter(1)('ab'))", ROOT) == "b"
 
 
+@pytest.mark.integration
 def test_the_package_imports_from_anywhere(tmp_path: Path) -> None:
     modules = ["names", "storage_uri", "config", "manifests", "pods", "status", "validation", "apply", "handlers",
                "main", "local.plan", "local.processes", "local.command"]
@@ -31,6 +35,7 @@ def test_the_package_imports_from_anywhere(tmp_path: Path) -> None:
     assert [Path(f) for f in out.split()] == [ROOT / "operator" / (m.replace(".", "/") + ".py") for m in modules]
 
 
+@pytest.mark.integration
 def test_console_script_runs_from_anywhere(tmp_path: Path) -> None:
     exe = Path(sys.executable).parent / "ovserve-operator"
     done = subprocess.run([str(exe), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -466,6 +466,7 @@ def test_any_batch_decodes_or_is_refused(elements: list[bytes], hw: tuple[int, i
 
 
 # -- gRPC converters (in a process of their own) -------------------------------------------------------
+@pytest.mark.integration
 def test_grpc_converters_in_a_process_of_their_own() -> None:
     """The properties below, run by pytest in a child process that never imports tritonclient."""
     if PROTO_CHILD:

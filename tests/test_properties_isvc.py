@@ -416,6 +416,7 @@ CLI_CASES = {
 }
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_ovserve_run_on_garbage_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     path = tmp_path / f"{case}.yaml"

@@ -401,12 +401,20 @@ def test_every_way_the_config_file_cannot_be_read_is_invalid_input(tmp_path: Pat
     refused(f"larger than {MAX_CONFIG_BYTES} bytes")
     path.write_text(GOOD)
     assert [m.name for m in source.desired()] == ["a"]
+
+
+@pytest.mark.integration  # as root, the read is tried as nobody in a forked child
+def test_an_unreadable_config_file_is_invalid_input(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(GOOD)
     path.chmod(0)
     if os.geteuid() == 0:  # root reads anything: try as nobody, in a child process
         tmp_path.chmod(0o755)
         assert "Permission denied" in as_nobody(lambda: read_config_file(path))
     else:
-        refused("Permission denied")
+        with pytest.raises(InvalidInput) as info:
+            ConfigFileSource(path).desired()
+        assert str(path) in info.value.message and "Permission denied" in info.value.message, info.value.message
     path.chmod(0o644)
 
 

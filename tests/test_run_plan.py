@@ -161,6 +161,7 @@ print(refused)
 """
 
 
+@pytest.mark.integration
 def test_ovserve_run_needs_neither_kopf_nor_the_kubernetes_client() -> None:
     """The base install runs ``ovserve run``: its modules and the builders they execute never import
     the operator's extra (kopf, kubernetes, requests), which only ``ovserve-operator`` needs."""

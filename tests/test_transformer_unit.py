@@ -147,6 +147,7 @@ def test_load_handler_by_module_and_file(tmp_path: Path, monkeypatch: pytest.Mon
     assert type(load_handler(None)) is Transformer
 
 
+@pytest.mark.integration
 def test_imagenet_with_a_bad_labels_file_exits_at_start(tmp_path: Path) -> None:
     labels = tmp_path / "labels.txt"
     labels.write_text("cat\ndog\n")
@@ -157,6 +158,7 @@ def test_imagenet_with_a_bad_labels_file_exits_at_start(tmp_path: Path) -> None:
     assert out.returncode != 0 and "has 2 names, expected 1000" in out.stderr
 
 
+@pytest.mark.integration
 def test_rest_clients_never_load_the_protobuf_package() -> None:
     """A process that uses the REST predictor client (or this test process) keeps `inference` free."""
     code = ("import sys, asyncio\n"

@@ -1,0 +1,98 @@
+"""The test tiers: every test is in exactly one, a marker (docs/design.md, "Tests, in tiers").
+
+``pytest -m unit`` (``scripts/test.sh --unit``) is the fast loop. A module wholly in one tier
+other than unit is listed in :data:`MODULE_TIERS`; elsewhere a test is in the tier it is marked
+with (``@pytest.mark.integration``, ``@pytest.mark.local``), else integration if it uses a fixture
+that starts a server, else unit. The unit tier is kept honest at run time: a unit test that starts
+a process or connects or binds a socket fails (:func:`unit_tests_stay_in_process`), even if the
+code under test caught the error. The hooks and the fixture are installed by conftest.py.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from typing import Callable, Iterator
+
+import pytest
+
+#: the tiers, registered as markers (with what each holds) in pyproject.toml
+TIERS = ("unit", "integration", "operator", "local", "e2e", "bench")
+
+#: modules wholly in one tier other than unit
+MODULE_TIERS: dict[str, str] = {
+    **dict.fromkeys([
+        "test_bad_input", "test_cgroup_quota", "test_chart", "test_child", "test_cli", "test_datatypes",
+        "test_dockerfiles", "test_explainer", "test_explainer_cat", "test_faults", "test_grpc_engines",
+        "test_images_server", "test_kserve_sdk", "test_lifecycle", "test_smoke", "test_storage_initializer",
+        "test_transformer", "test_transformer_imagenet", "test_transformer_tls", "test_v1", "test_zoo_mobilenet",
+        "test_zoo_pth",
+    ], "integration"),
+    **dict.fromkeys(["test_operator_k8s", "test_operator_resilience", "test_chart_k8s"], "operator"),
+    **dict.fromkeys(["test_run", "test_run_transformer"], "local"),
+    **dict.fromkeys(["test_bench_smoke", "test_bench_tools", "test_bench_soak"], "bench"),
+    "test_kind": "e2e",
+}
+
+#: fixtures (tests/conftest.py) that start a server process
+SERVER_FIXTURES = frozenset({"server", "echo_server", "start_server"})
+
+
+def tier_of(item: pytest.Item) -> list[str]:
+    """The tier markers ``item`` carries (one, once collection is over)."""
+    return [m.name for m in item.iter_markers() if m.name in TIERS]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = set(tier_of(item))
+        if len(tiers) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is in more than one tier: {sorted(tiers)}")
+        if not tiers:
+            module = item.nodeid.split("::")[0].rpartition("/")[2].removesuffix(".py")
+            tier = MODULE_TIERS.get(module) or ("integration" if SERVER_FIXTURES & set(item.fixturenames) else "unit")
+            item.add_marker(tier)
+
+
+class OutOfProcessInUnitTier(AssertionError):
+    """A unit test reached for a process or a network socket."""
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """In a unit test, starting a process or connecting or binding a socket raises; if the code under
+    test caught that, the test fails at teardown. Yields what was refused (a test of this fixture
+    may look, and clear it)."""
+    attempts: list[str] = []
+    if request.node.get_closest_marker("unit") is None:
+        yield attempts
+        return
+
+    def refuse(what: str) -> Callable[..., None]:
+        def refused(*args: object, **kwargs: object) -> None:
+            attempts.append(what)
+            raise OutOfProcessInUnitTier(f"a unit test {what}: mark it integration (tests/tiers.py)")
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("started a process"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse(f"called os.{name}"))
+    for name in ("connect", "connect_ex", "bind"):
+        monkeypatch.setattr(socket.socket, name, refuse(f"called socket.{name}"))
+    yield attempts
+    if attempts and not request.node.stash.get(_CALL_FAILED, False):
+        pytest.fail(f"a unit test reached out of its process and caught the error ({', '.join(sorted(set(attempts)))}): "
+                    "mark it integration (tests/tiers.py)", pytrace=False)
