@@ -8,13 +8,14 @@ See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import models, peer, report, servers, specs
 from .loadgen import Case
@@ -33,7 +34,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per case")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each case")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated in-flight requests")
-    p.add_argument("--models", default="add,resnetish,mobilenet_v2", help="comma-separated; mobilenet_v2 when available")
+    p.add_argument("--models", default="add,resnetish,mobilenet_v2",
+                   help="comma-separated; mobilenet_v2 when available")
     p.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated subset of " + ",".join(PROTOCOLS))
     p.add_argument("--no-raw", action="store_true", help="skip raw OpenVINO")
     p.add_argument("--no-ovserve", action="store_true", help="skip ovserve")
@@ -200,7 +202,8 @@ def main(argv: list[str]) -> int:
             return servers.start_ovserve(ovserve_config(names), args.ovserve_arg)
 
         def kserve(names: list[str]) -> servers.ServerProcess:
-            return peer.start({n: {"path": str(paths[n]), "plugin_config": specs.SPECS[n].plugin_config} for n in names})
+            return peer.start({n: {"path": str(paths[n]), "plugin_config": specs.SPECS[n].plugin_config}
+                               for n in names})
 
         background = wait_quiet(10, args.wait_quiet) if args.wait_quiet > 0 else 0.0
         if not args.no_raw:
@@ -217,7 +220,8 @@ def main(argv: list[str]) -> int:
         if not args.no_ovserve:
 
             def ovserve_batch(names: list[str], flags: list[str]) -> servers.ServerProcess:
-                config = models.write_config(Path(tmp) / "configs" / ("batch-" + ",".join(names)), names, repo=Path(tmp))
+                folder = Path(tmp) / "configs" / ("batch-" + ",".join(names))
+                config = models.write_config(folder, names, repo=Path(tmp))
                 return servers.start_ovserve(config, [*args.ovserve_arg, *flags], name="ovserve-batch")
 
             bench.batched(ovserve_batch)
@@ -243,10 +247,8 @@ def local_versions() -> dict[str, str]:
 
     out = {}
     for name in ("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             out[name] = version(name)
-        except PackageNotFoundError:
-            pass
     return out
 
 

@@ -26,7 +26,7 @@ from . import models, raw, specs
 from .loadgen import Case, Recorder
 
 
-def burn(share: float, stop: "mp.synchronize.Event") -> None:
+def burn(share: float, stop: mp.synchronize.Event) -> None:
     """Busy for ``share`` of every millisecond until ``stop``."""
     busy, idle = share * 1e-3, (1 - share) * 1e-3
     while not stop.is_set():

@@ -80,7 +80,7 @@ def sink(listener: socket.socket, lanes: int, request_size: int, reply: bytes) -
 
 
 def sender(port: int, lanes: int, rate: float, request: bytes, reply_size: int,
-           sent: "mp.sharedctypes.Synchronized", stop: "mp.synchronize.Event") -> None:
+           sent: mp.sharedctypes.Synchronized, stop: mp.synchronize.Event) -> None:
     """``lanes`` connections, each sending a request and reading its reply at ``rate / lanes`` a second.
 
     Paced on a fixed schedule; a lane that falls behind by a whole period skips
@@ -142,7 +142,7 @@ def raw_beside_wire(compiled: ov.CompiledModel, x: np.ndarray, concurrency: int,
         n0, t0 = sent.value, time.perf_counter()
         infer = contention.raw_async(compiled, x, concurrency, seconds)
         elapsed = time.perf_counter() - t0
-        cpu = [(sum(p.cpu_times()[:2]) - c) / elapsed for p, c in zip(procs, cpu0)]
+        cpu = [(sum(p.cpu_times()[:2]) - c) / elapsed for p, c in zip(procs, cpu0, strict=True)]
         return Beside(infer, rate, (sent.value - n0) / elapsed, cpu[0], cpu[1])
     finally:
         stop.set()
@@ -185,12 +185,14 @@ def main(argv: list[str]) -> int:
     client, server = (float(np.median([getattr(b, k) for b in beside])) for k in ("sender_cpu", "sink_cpu"))
     rate = args.share * base
     runs = ", ".join(f"{b.infer_per_s:.0f}" for b in beside)
-    paired = float(np.median([b.infer_per_s / a for a, b in zip(alone, beside)]))  # each beside run / the alone run before it
+    # each beside run / the alone run before it
+    paired = float(np.median([b.infer_per_s / a for a, b in zip(alone, beside, strict=True)]))
     print(f"{args.model} ({spec.plugin_config.get('PERFORMANCE_HINT')}), raw async OpenVINO at {args.concurrency} "
           f"in flight, median of {args.repeat}:")
     print(f"  alone: {base:.0f}/s (runs: {', '.join(f'{v:.0f}' for v in alone)})")
     print(f"  beside the bytes of {args.share:.2f} x that ({np.median([b.asked_per_s for b in beside]):.0f} requests/s "
-          f"asked, {carried:.0f}/s carried: {carried * len(request) / 1e6:.0f} MB/s in, {carried * len(reply) / 1e6:.1f} MB/s out; "
+          f"asked, {carried:.0f}/s carried: {carried * len(request) / 1e6:.0f} MB/s in, "
+          f"{carried * len(reply) / 1e6:.1f} MB/s out; "
           f"sender {client:.0%}, sink {server:.0%} of a core): "
           f"{infer:.0f}/s = {infer / base:.2f} x alone (runs: {runs}; median of the paired ratios {paired:.2f})")
     if kept_pace < 0.98:

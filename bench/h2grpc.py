@@ -46,8 +46,8 @@ def request_block(path: str, authority: str) -> bytes:
     """HPACK for a gRPC POST, using no dynamic table: reusable for every stream."""
     return (
         b"\x83"  # :method POST (static 3)
-        + b"\x86"  # :scheme http (static 6)
-        + b"\x04" + _string(path)  # :path, literal without indexing, name static 4
+         b"\x86"  # :scheme http (static 6)
+         b"\x04" + _string(path)  # :path, literal without indexing, name static 4
         + b"\x01" + _string(authority)  # :authority, name static 1
         + b"\x0f\x10" + _string("application/grpc")  # content-type, name static 31
         + b"\x00" + _string("te") + _string("trailers")
@@ -73,7 +73,7 @@ def grpc_message(payload: bytes) -> bytes:
 
 
 class _Stream:
-    __slots__ = ("future", "body", "status", "message", "window")
+    __slots__ = ("body", "future", "message", "status", "window")
 
     def __init__(self, future: asyncio.Future, window: int) -> None:
         self.future = future
@@ -168,7 +168,8 @@ class GrpcH2Connection(asyncio.Protocol):
         elif kind == RST_STREAM:
             s = self.streams.pop(sid, None)
             if s is not None and not s.future.done():
-                s.future.set_exception(ConnectionError(f"stream reset by the server (code {int.from_bytes(payload, 'big')})"))
+                code = int.from_bytes(payload, "big")
+                s.future.set_exception(ConnectionError(f"stream reset by the server (code {code})"))
         elif kind == GOAWAY:
             self._fail_all(ConnectionError("the server sent GOAWAY"))
             self.close()

@@ -38,14 +38,15 @@ window (:func:`window_report`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import struct
 import sys
 import time
 from array import array
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import numpy as np
 
@@ -195,10 +196,10 @@ def window_report(rec: TimedRecorder, start_ns: int, duration: float, window: fl
     def one(a: float, b: float) -> dict:
         return _window(lat_ms, done, err_t, rec.err_kinds, a, b)
 
-    edges = list(np.arange(0.0, duration, window)) + [duration]
+    edges = [*np.arange(0.0, duration, window), duration]
     return {"window": window, "duration": duration,
             "first": one(0.0, window), "last": one(duration - window, duration), "all": one(0.0, duration),
-            "series": [one(a, b) for a, b in zip(edges, edges[1:]) if b - a > 1e-6]}
+            "series": [one(a, b) for a, b in itertools.pairwise(edges) if b - a > 1e-6]}
 
 
 def signal_line(text: str) -> None:
@@ -231,8 +232,8 @@ def http_image_request(spec: ModelSpec, image: bytes, host: str, port: int) -> b
     """BYTES [1] over the binary extension: one element, prefixed by its 4-byte little-endian length."""
     raw = struct.pack("<I", len(image)) + image
     tensor = {"name": spec.input_name, "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
-    header = json.dumps({"inputs": [tensor], "outputs": [{"name": spec.output_name, "parameters": {"binary_data": True}}]},
-                        separators=(",", ":")).encode()
+    outputs = [{"name": spec.output_name, "parameters": {"binary_data": True}}]
+    header = json.dumps({"inputs": [tensor], "outputs": outputs}, separators=(",", ":")).encode()
     body = header + raw
     head = (f"POST /v2/models/{spec.name}/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Length: {len(body)}\r\nInference-Header-Content-Length: {len(header)}\r\n"
@@ -246,8 +247,8 @@ def http_request(spec: ModelSpec, x: np.ndarray, binary: bool, host: str, port: 
     if binary:
         raw = x.tobytes()
         tensor["parameters"] = {"binary_data_size": len(raw)}
-        header = json.dumps({"inputs": [tensor], "outputs": [{"name": spec.output_name, "parameters": {"binary_data": True}}]},
-                            separators=(",", ":")).encode()
+        outputs = [{"name": spec.output_name, "parameters": {"binary_data": True}}]
+        header = json.dumps({"inputs": [tensor], "outputs": outputs}, separators=(",", ":")).encode()
         body = header + raw
         extra = f"Inference-Header-Content-Length: {len(header)}\r\nContent-Type: application/octet-stream\r\n"
     else:
@@ -417,8 +418,11 @@ async def closed_loop(case: Case, calls: list[Call], rec: Recorder) -> Stats:
     signal_line("START")
     t0, cpu0 = time.perf_counter(), time.process_time()
     deadline = t0 + case.duration
-    while time.perf_counter() < deadline and not rec.full and not all(w.done() for w in workers):
-        await asyncio.sleep(min(0.05, max(deadline - time.perf_counter(), 0)))
+    # Until the deadline, a full recorder (checked every 50 ms) or every worker done (at once).
+    while (left := deadline - time.perf_counter()) > 0 and not rec.full:
+        done, _ = await asyncio.wait(workers, timeout=min(0.05, left))
+        if len(done) == len(workers):
+            break
     rec.recording = False
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     signal_line("STOP")

@@ -10,9 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -73,7 +73,7 @@ class _PeakRss(threading.Thread):
             self.peak = max(self.peak, rss_bytes(self.proc))
 
 
-def _lines(stream, out: "queue.Queue[str | None]") -> None:
+def _lines(stream, out: queue.Queue[str | None]) -> None:
     for line in stream:
         out.put(line.rstrip("\n"))
     out.put(None)
@@ -86,7 +86,7 @@ def run_case(case: Case, server: str, server_pid: int | None, log: Callable[[str
     cmd = [sys.executable, "-m", "bench.loadgen", json.dumps(asdict(case))]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    lines: "queue.Queue[str | None]" = queue.Queue()
+    lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_lines, args=(proc.stdout, lines), daemon=True).start()
     errs: list[str] = []
     threading.Thread(target=lambda: errs.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ def _works() -> bool:
     if not python().exists():
         return False
     probe = [str(python()), "-c", "import kserve, openvino, numpy"]
-    return subprocess.run(probe, capture_output=True, timeout=120).returncode == 0
+    return subprocess.run(probe, capture_output=True, timeout=120, check=False).returncode == 0
 
 
 def ensure_venv(log=print) -> Path:
@@ -49,7 +49,7 @@ def ensure_venv(log=print) -> Path:
 def versions() -> dict[str, str]:
     code = ("import json; from importlib.metadata import version as v; "
             "print(json.dumps({p: v(p) for p in ('kserve', 'openvino', 'grpcio', 'uvicorn')}))")
-    out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, timeout=120, check=False)
     try:
         return json.loads(out.stdout)
     except ValueError:

@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("py-spy recorded no samples")
     requests = result["throughput"] * args.seconds  # py-spy samples args.seconds of the window
     own, cumulative, total = top(stacks, args.top)
-    per_request = lambda count: 1e6 * count / args.rate / max(requests, 1)
+
+    def per_request(count: float) -> float:
+        return 1e6 * count / args.rate / max(requests, 1)
+
     print(f"{args.model} {args.protocol} c{args.concurrency}: CPU per thread over the window "
           f"(100% = one core; us of CPU per request):")
     before, after, wall = result["threads"]
@@ -114,9 +117,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _load_with_profile(case: Case, pid: int, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, "-m", "bench.loadgen", json.dumps(asdict(case))]
-    load = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    lines: "queue.Queue[str]" = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(l.strip()) for l in load.stdout], daemon=True).start()  # type: ignore[union-attr]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    load = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in load.stdout],  # type: ignore[union-attr]
+                     daemon=True).start()
     spy = None
     result: dict = {}
     try:

@@ -66,7 +66,7 @@ def run_sync(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorde
 
 def run_async(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorder) -> Stats:
     stop = threading.Event()
-    idle: "queue.Queue[ov.InferRequest]" = queue.Queue()
+    idle: queue.Queue[ov.InferRequest] = queue.Queue()
     clock = time.perf_counter_ns
     started: dict[int, int] = {}
 

@@ -76,7 +76,8 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
         x_peer = _ratio(r.throughput, peer.throughput if peer else None) if r.server.startswith("ovserve") else None
         out.append([r.model, r.server, r.protocol, str(r.concurrency), f"{r.throughput:.0f}", f"{r.p50_ms:.2f}",
                     f"{r.p99_ms:.2f}", str(r.errors), f"{r.server_cpu_pct:.0f}", f"{r.server_rss_mib:.0f}",
-                    "-" if r.client_cpu_pct is None else f"{r.client_cpu_pct:.0f}", f"{r.other_cpu_pct:.0f}" + (" !" if r.other_cpu_pct > NOISY_PCT else ""),
+                    "-" if r.client_cpu_pct is None else f"{r.client_cpu_pct:.0f}",
+                    f"{r.other_cpu_pct:.0f}" + (" !" if r.other_cpu_pct > NOISY_PCT else ""),
                     "" if x_raw is None else f"{x_raw:.2f}", "" if x_peer is None else f"{x_peer:.2f}"])
     return out
 
@@ -89,7 +90,11 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
 
 def text_table(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
-    fmt = lambda cells: "  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def fmt(cells: list[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in pairs)
+
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in body)])
 
 
@@ -116,15 +121,17 @@ def targets(run: Run) -> list[Target]:
                           None if v is None else v >= goal))
 
     # The gRPC rows once per engine measured (grpcio: the default server; native: --grpc-engine native).
-    engines = [(e, srv) for e, srv in GRPC_ENGINES.items() if any(r.server == srv and r.protocol == "grpc" for r in rows)]
+    engines = [(e, srv) for e, srv in GRPC_ENGINES.items()
+               if any(r.server == srv and r.protocol == "grpc" for r in rows)]
     engines = engines or [("grpcio", "ovserve")]
     tag = (lambda e: f" [{e}]") if len(engines) > 1 else (lambda e: "")
     for e, srv in engines:
         ratio_target(f"resnetish gRPC c4 / raw async c4{tag(e)}", tput("resnetish", srv, "grpc", 4),
                      tput("resnetish", "raw", "async", 4), 0.85, "raw async")
     for e, srv in engines:
-        ratio_target(f"resnetish REST binary c4 / ovserve gRPC c4{tag(e)}", tput("resnetish", "ovserve", "rest-binary", 4),
-                     tput("resnetish", srv, "grpc", 4), 0.8, "ovserve gRPC")
+        ratio_target(f"resnetish REST binary c4 / ovserve gRPC c4{tag(e)}",
+                     tput("resnetish", "ovserve", "rest-binary", 4), tput("resnetish", srv, "grpc", 4), 0.8,
+                     "ovserve gRPC")
     ratio_target("resnetish REST JSON c4 / kserve", tput("resnetish", "ovserve", "rest-json", 4),
                  tput("resnetish", "kserve", "rest-json", 4), 4, "kserve")
     for c in (4, 16):

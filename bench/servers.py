@@ -9,6 +9,7 @@ ovserve.server serve`` on ephemeral ports, read back from its log.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -41,10 +42,8 @@ def rss_bytes(proc: psutil.Process) -> int:
     """Resident memory of ``proc`` and all its children."""
     total = 0
     for p in _tree(proc):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 
@@ -67,7 +66,7 @@ class ServerProcess(Child):
     def grpc_port(self) -> int:
         return self.ports.grpc
 
-    def wait_ready(self, models: list[str], timeout: float = 180) -> "ServerProcess":
+    def wait_ready(self, models: list[str], timeout: float = 180) -> ServerProcess:
         """Until its ports are known and every model in ``models`` answers ready."""
         return self.wait_ok([f"/v2/models/{m}/ready" for m in models], timeout)
 

@@ -13,6 +13,7 @@ status 1 when any request failed. See bench/README.md ("Soak").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -76,10 +77,10 @@ def default_streams(names: list[str], total: int) -> list[Stream]:
     if total < sum(len(v) for v in kinds.values()):
         raise SystemExit(f"concurrency {total} is less than the {sum(len(v) for v in kinds.values())} streams")
     streams = []
-    for share, members in zip(split(total, len(kinds)), kinds.values()):
+    for share, members in zip(split(total, len(kinds)), kinds.values(), strict=True):
         if share < len(members):  # a kind with more streams than its share: take from the total instead
             raise SystemExit(f"concurrency {total} leaves {share} for {len(members)} streams of one kind; raise it")
-        streams += [Stream(m, t, c) for (m, t), c in zip(members, split(share, len(members)))]
+        streams += [Stream(m, t, c) for (m, t), c in zip(members, split(share, len(members)), strict=True)]
     return streams
 
 
@@ -111,10 +112,8 @@ class Sample:
 def open_fds(proc: psutil.Process) -> int:
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             total += p.num_fds()
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 
@@ -149,7 +148,7 @@ class Generator:
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.loadgen", json.dumps(asdict(case))], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        self.lines: "queue.Queue[str | None]" = queue.Queue()
+        self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr: list[str] = []
         self.ready = False
         self.windows: dict | None = None
@@ -277,7 +276,8 @@ def build(tmp: Path, names: list[str]) -> list[str]:
     """Write the models into ``tmp``; returns the names served (mobilenet_v2 may become small_classifier)."""
     paths = models.build_repository(tmp, mobilenet="mobilenet_v2" in names)
     served = []
-    for n in names:
+    for name in names:
+        n = name
         if n == "mobilenet_v2" and n not in paths:
             print("mobilenet_v2's weights cannot be had: images go to small_classifier instead", flush=True)
             n = "small_classifier"
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace, command: str) -> Soak:
             wanted = list(dict.fromkeys(s.model for s in streams))
         names = build(tmp, wanted)
         if args.streams:
-            rename = dict(zip(wanted, names))
+            rename = dict(zip(wanted, names, strict=True))
             streams = [Stream(rename.get(s.model, s.model), s.kind, s.concurrency) for s in streams]
         else:
             streams = default_streams(names, args.concurrency)
@@ -362,8 +362,8 @@ def log_problems(lines: list[str]) -> dict:
     """What the server logged at WARNING and above during the soak: counts, and the first few
     distinct messages (each traceback by its exception line)."""
     out: dict = {"warnings": 0, "errors": 0, "tracebacks": 0, "first": []}
-    for line in lines:
-        line = line.rstrip()
+    for raw in lines:
+        line = raw.rstrip()
         kind = ("errors" if " ERROR " in line or " CRITICAL " in line else "warnings" if " WARNING " in line
                 else "tracebacks" if line.startswith("Traceback") else "")
         if kind:
@@ -416,7 +416,8 @@ def drive(args: argparse.Namespace, server: servers.ServerProcess, streams: list
     clients_pct = 100 * sum(r.client_cpu_s for r in results) / wall
     mib = 2**20
     server_figs = {
-        "rss_start_mib": first.rss / mib, "rss_end_mib": end.rss / mib, "rss_peak_mib": max(s.rss for s in samples) / mib,
+        "rss_start_mib": first.rss / mib, "rss_end_mib": end.rss / mib,
+        "rss_peak_mib": max(s.rss for s in samples) / mib,
         "fds_start": first.fds, "fds_end": end.fds, "fds_peak": max(s.fds for s in samples), "cpu_pct": server_pct,
         "samples": [[round(s.t, 2), round(s.rss / mib, 1), s.fds, round(s.cpu_s, 2), round(s.busy_s, 2)]
                     for s in samples],  # t, RSS MiB, fds, server CPU s, machine busy CPU s
@@ -459,7 +460,8 @@ def code_version() -> str:
     """The checkout's commit, and whether server/ had changes not committed (the code measured)."""
     def git(*cmd: str) -> str:
         try:
-            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+            done = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False)
+            return done.stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
@@ -474,10 +476,8 @@ def versions() -> dict[str, str]:
 
     out = {}
     for name in ("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf", "opencv-python-headless"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             out[name] = version(name)
-        except PackageNotFoundError:
-            pass
     return out
 
 
@@ -537,24 +537,25 @@ def render(soak: Soak, markdown: bool) -> str:
     lines = [
         tab(*table(soak)),
         "",
-        f"- Windows: first and last {soak.window:g} s, and all {soak.duration:g} s. "
-        f"Images: {soak.image}.",
+        (f"- Windows: first and last {soak.window:g} s, and all {soak.duration:g} s. "
+         f"Images: {soak.image}."),
         f"- Errors: {soak.errors}" + (" (" + "; ".join(f"{k} {n}" for k, n in kinds.items()) + ")" if kinds else "")
         + "." + "".join(f"\n- First error of {r.label}: {r.first_error}" for r in soak.streams if r.first_error),
-        f"- Server: RSS {s['rss_start_mib']:.0f} MiB at the start (after warm-up), {s['rss_end_mib']:.0f} at the end, "
-        f"peak {s['rss_peak_mib']:.0f}; open fds {s['fds_start']} -> {s['fds_end']} (peak {s['fds_peak']}); "
-        f"CPU {s['cpu_pct']:.0f}% of a core.",
-        f"- Machine: busy {c['busy_pct']:.0f}% of a core during the soak (server {c['server_pct']:.0f}%, "
-        f"load generators {c['clients_pct']:.0f}%, other processes {c['other_pct']:.0f}%; first / last window: "
-        f"server {c['server_first_pct']:.0f} / {c['server_last_pct']:.0f}%, other processes "
-        f"{c['other_first_pct']:.0f} / {c['other_last_pct']:.0f}%); other processes just before: {c['before_pct']:.0f}%.",
+        (f"- Server: RSS {s['rss_start_mib']:.0f} MiB at the start (after warm-up), {s['rss_end_mib']:.0f} at the end, "
+         f"peak {s['rss_peak_mib']:.0f}; open fds {s['fds_start']} -> {s['fds_end']} (peak {s['fds_peak']}); "
+         f"CPU {s['cpu_pct']:.0f}% of a core."),
+        (f"- Machine: busy {c['busy_pct']:.0f}% of a core during the soak (server {c['server_pct']:.0f}%, "
+         f"load generators {c['clients_pct']:.0f}%, other processes {c['other_pct']:.0f}%; first / last window: "
+         f"server {c['server_first_pct']:.0f} / {c['server_last_pct']:.0f}%, other processes "
+         f"{c['other_first_pct']:.0f} / {c['other_last_pct']:.0f}%); "
+         f"other processes just before: {c['before_pct']:.0f}%."),
         *[f"- Failure: {f}" for f in soak.failures],
         f"- Server log during the soak: {soak.server_log['errors']} ERROR, {soak.server_log['warnings']} WARNING "
         f"lines, {soak.server_log['tracebacks']} tracebacks"
         + "".join(f"\n    - `{m}`" for m in soak.server_log["first"]),
         "",
-        f"gRPC vs REST, same model, same load (issue 15 item 17: gRPC p50 within {FAIR:g}x of REST's; "
-        "'within' compares with the fastest REST kind):",
+        (f"gRPC vs REST, same model, same load (issue 15 item 17: gRPC p50 within {FAIR:g}x of REST's; "
+         "'within' compares with the fastest REST kind):"),
         "",
         tab(*fair_table(soak)) if soak.fairness else "(no model has both gRPC and REST streams)",
     ]
@@ -657,7 +658,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.duration is not None and args.minutes is not None:
         p.error("give --duration or --minutes, not both")
-    args.duration = args.duration if args.duration is not None else 60 * (args.minutes if args.minutes is not None else 5)
+    if args.duration is None:
+        args.duration = 60 * (args.minutes if args.minutes is not None else 5)
     if args.duration <= 0 or args.window <= 0:
         p.error("--duration and --window must be positive")
     args.window = min(args.window, args.duration)
