@@ -92,8 +92,8 @@ def component(extra: dict, desc: str) -> dict:
 
 
 # Framework shorthands KServe knows: kept (not pruned) so that the operator can refuse them by name.
-UNSUPPORTED = {k: ANY_OBJ for k in ("sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx",
-                                    "lightgbm", "paddle", "pmml", "huggingface")}
+UNSUPPORTED = dict.fromkeys(("sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx", "lightgbm", "paddle",
+                             "pmml", "huggingface"), ANY_OBJ)
 CONDITION = obj({"type": STR, "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
                  "reason": STR, "message": STR, "severity": STR,
                  "lastTransitionTime": {"type": "string", "format": "date-time"}},

@@ -15,9 +15,8 @@ PROTO_DIR = Path(__file__).resolve().parent.parent / "common" / "proto"
 
 
 def generate(out_dir: Path = PROTO_DIR) -> list[Path]:
-    from grpc_tools import protoc  # imported lazily: dev-only dependency
-
     import grpc_tools
+    from grpc_tools import protoc  # imported lazily: dev-only dependency
 
     include = str(Path(grpc_tools.__file__).parent / "_proto")
     written: list[Path] = []
