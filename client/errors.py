@@ -72,7 +72,8 @@ _CLASSES: tuple[type[PredictorError], ...] = (
     PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
 #: the predictor's HTTP status or gRPC code -> the class with that row in the error table
 _BY_HTTP: dict[int, type[PredictorError]] = {statuses(c)[0]: c for c in _CLASSES}
-_BY_GRPC: dict[str, type[PredictorError]] = {statuses(c)[1]: c for c in _CLASSES} | {"OUT_OF_RANGE": PredictorInvalidInput}
+_BY_GRPC: dict[str, type[PredictorError]] = ({statuses(c)[1]: c for c in _CLASSES}
+                                             | {"OUT_OF_RANGE": PredictorInvalidInput})
 
 
 def error_from_http(status: int, message: str) -> PredictorError:
@@ -89,8 +90,9 @@ def http_message(resp: Any) -> str:
     """The message of an HTTP error reply: its JSON ``error``, else its text (at most 500 characters)."""
     try:
         doc = resp.json()
-        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-            return doc["error"]
+        message = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(message, str):
+            return message
     except ValueError:
         pass
     text = resp.text.strip()

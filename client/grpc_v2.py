@@ -84,7 +84,8 @@ class GrpcPredictor:
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise PredictorTimeout(f"no answer from {self.target} within {timeout or self.timeout:g}s") from None
+                    waited = timeout or self.timeout
+                    raise PredictorTimeout(f"no answer from {self.target} within {waited:g}s") from None
                 # UNAVAILABLE with a detail from a running predictor (model loading) is its answer;
                 # the channel's own "failed to connect" is worth a retry.
                 unreachable = code == grpc.StatusCode.UNAVAILABLE and _is_connection_failure(exc)
@@ -97,10 +98,12 @@ class GrpcPredictor:
             attempt += 1
 
     async def live(self, timeout: float | None = None) -> bool:
-        return (await self._call("ServerLive", pb.ServerLiveRequest(), timeout)).live
+        reply: pb.ServerLiveResponse = await self._call("ServerLive", pb.ServerLiveRequest(), timeout)
+        return reply.live
 
     async def ready(self, model: str, timeout: float | None = None) -> bool:
-        return (await self._call("ModelReady", pb.ModelReadyRequest(name=model), timeout)).ready
+        reply: pb.ModelReadyResponse = await self._call("ModelReady", pb.ModelReadyRequest(name=model), timeout)
+        return reply.ready
 
     async def metadata(self, model: str, version: str = "") -> ModelMetadata:
         md = await self._call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version))

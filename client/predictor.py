@@ -24,6 +24,8 @@ model name.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ovserve.common.errors import ServerError, Unsupported
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
@@ -85,7 +87,7 @@ class PredictorClient:
     async def infer(self, request: InferRequest) -> InferResponse:
         return await self._conn.infer(request, self._model(request.model_name))
 
-    async def v1_predict(self, model: str, body: dict) -> dict:
+    async def v1_predict(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
         """KServe V1 ``:predict`` passthrough (REST protocols only)."""
         if not isinstance(self._conn, RestPredictor):
             raise Unsupported("V1 :predict needs a REST predictor (--predictor_protocol v1 or v2)")
@@ -94,7 +96,7 @@ class PredictorClient:
     async def aclose(self) -> None:
         await self._conn.close()
 
-    async def __aenter__(self) -> "PredictorClient":
+    async def __aenter__(self) -> PredictorClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

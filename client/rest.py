@@ -30,7 +30,7 @@ from .rest_wire import (
 class Reply:
     """A predictor's HTTP answer, read whole."""
 
-    __slots__ = ("status_code", "headers", "content")
+    __slots__ = ("content", "headers", "status_code")
 
     def __init__(self, status: int, headers: Any, content: bytes) -> None:
         self.status_code, self.headers, self.content = status, headers, content
@@ -146,7 +146,7 @@ class RestPredictor:
         )
         return decode_v2_response(reply.content, reply.headers.get(HEADER))
 
-    async def v1_predict(self, model: str, body: dict) -> dict:
+    async def v1_predict(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
         """KServe V1 ``:predict``, the body as it is."""
         resp = await self.checked(
             "POST", f"/v1/models/{quote(model, safe='')}:predict",
@@ -154,9 +154,12 @@ class RestPredictor:
             headers={"Content-Type": "application/json"},
         )
         try:
-            return resp.json()
+            doc = resp.json()
         except ValueError:
             raise PredictorInternal("V1 response is not JSON") from None
+        if not isinstance(doc, dict):
+            raise PredictorInternal("V1 response is not a JSON object")
+        return doc
 
     async def close(self) -> None:
         if self._http is not None:

@@ -35,7 +35,8 @@ def encode_v2_request(request: InferRequest) -> tuple[bytes, int]:
     if request.id:
         doc["id"] = request.id
     if request.outputs:
-        doc["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}} for o in request.outputs]
+        doc["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}}
+                          for o in request.outputs]
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     return b"".join([header, *chunks]), len(header)
 
@@ -73,8 +74,8 @@ def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
     )
 
 
-def metadata_from_json(doc: dict) -> ModelMetadata:
-    def specs(items: list | None) -> list[TensorSpec]:
+def metadata_from_json(doc: dict[str, Any]) -> ModelMetadata:
+    def specs(items: list[dict[str, Any]] | None) -> list[TensorSpec]:
         return [TensorSpec(i["name"], i["datatype"], tuple(int(d) for d in i.get("shape", []))) for i in items or []]
 
     return ModelMetadata(name=doc.get("name", ""), versions=[str(v) for v in doc.get("versions") or []],
@@ -103,7 +104,7 @@ def _b64_or_text(value: Any) -> Any:
         return {"b64": base64.b64encode(raw).decode("ascii")}
 
 
-def encode_v1_request(request: InferRequest) -> dict:
+def encode_v1_request(request: InferRequest) -> dict[str, Any]:
     """One input: ``instances``; several: columnar ``inputs`` keyed by name (both KServe V1)."""
     if len(request.inputs) == 1:
         return {"instances": _v1_values(request.inputs[0])}

@@ -76,7 +76,7 @@ def statuses(klass: type[ServerError]) -> tuple[int, str]:
     """(REST status, gRPC code name) of an error class: its own row, or its nearest base's."""
     for base in klass.__mro__:
         if base in _TABLE:
-            return _TABLE[base]  # type: ignore[index]
+            return _TABLE[base]
     return _TABLE[ServerError]
 
 

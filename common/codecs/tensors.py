@@ -6,7 +6,8 @@ allocation: shape sanity, element counts, byte lengths.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
