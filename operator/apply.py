@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import threading
+from typing import Any
 
 import requests
 import urllib3
@@ -51,7 +52,7 @@ class Cluster:
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
     @classmethod
-    def from_environment(cls) -> "Cluster":
+    def from_environment(cls) -> Cluster:
         """``$KUBECONFIG`` when set, else the pod's service account, else ``~/.kube/config``."""
         cfg = client.Configuration()
         if os.environ.get("KUBECONFIG"):
@@ -63,7 +64,7 @@ class Cluster:
             config.load_kube_config(client_configuration=cfg)
         return cls(cfg)
 
-    def credentials(self) -> dict:
+    def credentials(self) -> dict[str, Any]:
         """The same credentials for kopf's own connection (``kopf.ConnectionInfo`` fields)."""
         auth = self._headers("application/json").get("authorization", "")
         scheme, _, token = auth.partition(" ")
@@ -81,14 +82,15 @@ class Cluster:
 
     def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        for auth in self.cfg.auth_settings().values():  # the bearer token, refreshed by the loader
-            if auth.get("in") == "header" and auth.get("value"):
-                headers[auth["key"]] = auth["value"]
+        token = self.cfg.auth_settings().get("BearerToken")  # its only setting, refreshed by the loader
+        value = token.get("value") if token else None
+        if token and token.get("in") == "header" and value:
+            headers[token["key"]] = value
         return headers
 
-    def request(self, method: str, url_path: str, body: object = None, params: dict | None = None,
+    def request(self, method: str, url_path: str, body: object = None, params: dict[str, Any] | None = None,
                 content_type: str = "application/json", missing_ok: bool = False,
-                retries: int = RETRIES) -> dict | None:
+                retries: int = RETRIES) -> dict[str, Any] | None:
         data = None if body is None else json.dumps(body)
         # verify is passed per request: a session's own setting loses to REQUESTS_CA_BUNDLE.
         verify = (self.cfg.ssl_ca_cert or True) if self.cfg.verify_ssl else False
@@ -112,40 +114,41 @@ class Cluster:
 
     # -- children -----------------------------------------------------------------
 
-    def apply(self, obj: dict) -> dict:
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         return self.request("PATCH", path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]),
                             obj, params={"fieldManager": FIELD_MANAGER, "force": "true"},
                             content_type="application/apply-patch+yaml") or {}
 
-    def delete(self, obj: dict) -> None:
+    def delete(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         self.request("DELETE", path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]),
                      {"propagationPolicy": "Background"}, missing_ok=True)
 
-    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict]:
+    # Not named `list`: a method of that name would shadow the builtin in this class's annotations.
+    def list_kind(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         found = self.request("GET", path(api_version, kind, namespace), params={"labelSelector": selector}) or {}
         return [{**item, "apiVersion": api_version, "kind": kind} for item in found.get("items", [])]
 
-    def children(self, namespace: str, isvc_name: str) -> list[dict]:
+    def children(self, namespace: str, isvc_name: str) -> list[dict[str, Any]]:
         selector = f"{n.ISVC_LABEL}={isvc_name},{n.MANAGED_BY_LABEL}={n.MANAGER}"
         kinds = [("apps/v1", "Deployment"), ("v1", "Service"), (self.hpa_api_version, "HorizontalPodAutoscaler")]
-        return [item for v, k in kinds for item in self.list(v, k, namespace, selector)]
+        return [item for v, k in kinds for item in self.list_kind(v, k, namespace, selector)]
 
-    def deployments(self, namespace: str, isvc_name: str) -> dict[str, dict]:
+    def deployments(self, namespace: str, isvc_name: str) -> dict[str, dict[str, Any]]:
         selector = f"{n.ISVC_LABEL}={isvc_name},{n.MANAGED_BY_LABEL}={n.MANAGER}"
-        found = self.list("apps/v1", "Deployment", namespace, selector)
+        found = self.list_kind("apps/v1", "Deployment", namespace, selector)
         return {d["metadata"]["labels"].get(n.COMPONENT_LABEL, ""): d for d in found}
 
-    def pods(self, namespace: str, isvc_name: str) -> dict[str, list[dict]]:
+    def pods(self, namespace: str, isvc_name: str) -> dict[str, list[dict[str, Any]]]:
         """The pods of our Deployments (they carry the template's labels), by component."""
         selector = f"{n.ISVC_LABEL}={isvc_name},{n.MANAGED_BY_LABEL}={n.MANAGER}"
-        by_component: dict[str, list[dict]] = {}
-        for pod in self.list("v1", "Pod", namespace, selector):
+        by_component: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.list_kind("v1", "Pod", namespace, selector):
             by_component.setdefault(pod["metadata"]["labels"].get(n.COMPONENT_LABEL, ""), []).append(pod)
         return by_component
 
-    def sync(self, isvc: dict, desired: list[dict]) -> None:
+    def sync(self, isvc: dict[str, Any], desired: list[dict[str, Any]]) -> None:
         """Make the children match ``desired``: apply each, delete ours that are no longer wanted."""
         for obj in desired:
             self.apply(obj)
@@ -162,10 +165,10 @@ class Cluster:
 
     # -- the InferenceService itself ----------------------------------------------
 
-    def get_isvc(self, namespace: str, name: str) -> dict | None:
+    def get_isvc(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", path(n.API_VERSION, n.KIND, namespace, name), missing_ok=True)
 
-    def patch_isvc_status(self, namespace: str, name: str, status: dict, resource_version: str) -> None:
+    def patch_isvc_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str) -> None:
         """Write ``status`` only over the version it was computed from: a 409 means "read again"."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         self.request("PATCH", path(n.API_VERSION, n.KIND, namespace, name, "status"), body,

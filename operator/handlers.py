@@ -5,9 +5,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import logging
+from typing import Any
 
 import kopf
 
@@ -17,7 +19,8 @@ from .apply import ApiError, Cluster
 from .config import Config
 
 ISVC = (n.GROUP, n.VERSION, n.PLURAL)
-CHILD_LABELS = {n.MANAGED_BY_LABEL: n.MANAGER, n.ISVC_LABEL: kopf.PRESENT}
+# Any: kopf's type for a filter value (MetaFilterToken, e.g. kopf.PRESENT) is not public.
+CHILD_LABELS: dict[str, Any] = {n.MANAGED_BY_LABEL: n.MANAGER, n.ISVC_LABEL: kopf.PRESENT}
 STATUS_ATTEMPTS = 5
 
 
@@ -40,7 +43,7 @@ def _now() -> str:
 
 
 def sync_status(cluster: Cluster, namespace: str, name: str, generation: int | None = None,
-                failure: dict | None = None) -> None:
+                failure: dict[str, Any] | None = None) -> None:
     """Recompute the status from the API server's current objects; write it only if it changed.
 
     The write is conditional on the resourceVersion that was read, so two writers (a reconcile
@@ -65,7 +68,7 @@ def sync_status(cluster: Cluster, namespace: str, name: str, generation: int | N
                 raise
 
 
-def reconcile(isvc: dict, cluster: Cluster, config: Config) -> None:
+def reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
     meta = isvc["metadata"]
     generation = meta.get("generation")
     try:
@@ -108,10 +111,8 @@ def child_deployment(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: ob
         isvc = memo.cluster.get_isvc(namespace, owner)
         component = body["metadata"]["labels"].get(n.COMPONENT_LABEL)
         if isvc and not isvc["metadata"].get("deletionTimestamp") and component in n.present_components(isvc):
-            try:
+            with contextlib.suppress(kopf.PermanentError):  # already reported in the InferenceService's status
                 reconcile(isvc, memo.cluster, memo.config)
-            except kopf.PermanentError:
-                pass  # already reported in the InferenceService's status
             return
     sync_status(memo.cluster, namespace, owner)
 
@@ -122,5 +123,5 @@ def child_pod(body: kopf.Body, memo: kopf.Memo, **_: object) -> None:
     sync_status(memo.cluster, body["metadata"]["namespace"], body["metadata"]["labels"][n.ISVC_LABEL])
 
 
-def _plain(body: kopf.Body) -> dict:
+def _plain(body: kopf.Body) -> dict[str, Any]:
     return copy.deepcopy(dict(body))

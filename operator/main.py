@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import kopf
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def ride_out_outages(settings: "kopf.OperatorSettings") -> None:
+def ride_out_outages(settings: kopf.OperatorSettings) -> None:
     """How kopf's requests and watches behave while the API server is away (a restart, an upgrade,
     a network cut). Watches never give up: a watch whose request failed for good starts over.
     ``tests/test_operator_resilience.py`` restarts a real API server under the operator."""
@@ -68,7 +69,7 @@ def ride_out_outages(settings: "kopf.OperatorSettings") -> None:
     settings.watching.inactivity_timeout = 70
 
 
-async def _run(args: argparse.Namespace, memo: "kopf.Memo", namespaces: list[str]) -> None:
+async def _run(args: argparse.Namespace, memo: kopf.Memo, namespaces: list[str]) -> None:
     import kopf
 
     from . import resync

@@ -7,19 +7,21 @@ apply module makes the cluster match it. Input is assumed valid
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from . import names as n
 from . import pods
 from .config import Config
 
 
-def owner_reference(isvc: dict) -> dict:
+def owner_reference(isvc: dict[str, Any]) -> dict[str, Any]:
     meta = isvc["metadata"]
     return {"apiVersion": isvc.get("apiVersion", n.API_VERSION), "kind": isvc.get("kind", n.KIND),
             "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
-def _metadata(isvc: dict, name: str, labels: dict, annotations: dict | None = None) -> dict:
+def _metadata(isvc: dict[str, Any], name: str, labels: dict[str, Any],
+              annotations: dict[str, Any] | None = None) -> dict[str, Any]:
     meta = {"name": name, "namespace": isvc["metadata"]["namespace"], "labels": labels,
             "ownerReferences": [owner_reference(isvc)]}
     if annotations:
@@ -27,18 +29,18 @@ def _metadata(isvc: dict, name: str, labels: dict, annotations: dict | None = No
     return meta
 
 
-def replicas(spec: dict) -> tuple[int, int]:
+def replicas(spec: dict[str, Any]) -> tuple[int, int]:
     """(min, max) replicas; 0 or absent minReplicas is 1, absent maxReplicas is min."""
     low = max(1, int(spec.get("minReplicas") or 1))
     return low, max(low, int(spec.get("maxReplicas") or low))
 
 
-def autoscaled(spec: dict) -> bool:
+def autoscaled(spec: dict[str, Any]) -> bool:
     low, high = replicas(spec)
     return high > low
 
 
-def deployment(isvc: dict, component: str, cfg: Config) -> dict:
+def deployment(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, Any]:
     name = isvc["metadata"]["name"]
     spec = isvc["spec"][component]
     labels = n.child_labels(name, component)
@@ -46,7 +48,7 @@ def deployment(isvc: dict, component: str, cfg: Config) -> dict:
     template = {"metadata": {"labels": {**user_labels, **labels}}, "spec": pods.pod_spec(isvc, component, cfg)}
     if spec.get("annotations"):
         template["metadata"]["annotations"] = dict(spec["annotations"])
-    body: dict = {"selector": {"matchLabels": n.selector_labels(name, component)}, "template": template}
+    body: dict[str, Any] = {"selector": {"matchLabels": n.selector_labels(name, component)}, "template": template}
     if not autoscaled(spec):  # with an HPA, the HPA owns spec.replicas
         body = {"replicas": replicas(spec)[0], **body}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -54,7 +56,7 @@ def deployment(isvc: dict, component: str, cfg: Config) -> dict:
             "spec": body}
 
 
-def _service_ports(ports: dict[str, int]) -> list[dict]:
+def _service_ports(ports: dict[str, int]) -> list[dict[str, Any]]:
     out = []
     for name, port in ports.items():
         listener = n.LISTENERS[name]
@@ -65,7 +67,7 @@ def _service_ports(ports: dict[str, int]) -> list[dict]:
     return out
 
 
-def service(isvc: dict, component: str) -> dict:
+def service(isvc: dict[str, Any], component: str) -> dict[str, Any]:
     name = isvc["metadata"]["name"]
     ports = pods.serving_ports(isvc["spec"][component], component)
     return {"apiVersion": "v1", "kind": "Service",
@@ -73,7 +75,7 @@ def service(isvc: dict, component: str) -> dict:
             "spec": {"selector": n.selector_labels(name, component), "ports": _service_ports(ports)}}
 
 
-def entry_service(isvc: dict) -> dict:
+def entry_service(isvc: dict[str, Any]) -> dict[str, Any]:
     """``<isvc>``: the InferenceService's own address, routed to the transformer when there is one."""
     name = isvc["metadata"]["name"]
     target = "transformer" if isvc["spec"].get("transformer") else "predictor"
@@ -83,7 +85,7 @@ def entry_service(isvc: dict) -> dict:
             "spec": {"selector": n.selector_labels(name, target), "ports": _service_ports(ports)}}
 
 
-def hpa(isvc: dict, component: str, api_version: str = "autoscaling/v2") -> dict | None:
+def hpa(isvc: dict[str, Any], component: str, api_version: str = "autoscaling/v2") -> dict[str, Any] | None:
     """An HPA when maxReplicas > minReplicas (autoscaling/v2 and v2beta2 share this shape)."""
     spec = isvc["spec"][component]
     if not autoscaled(spec):
@@ -100,10 +102,10 @@ def hpa(isvc: dict, component: str, api_version: str = "autoscaling/v2") -> dict
                          "name": spec.get("scaleMetric") or "cpu", "target": target}}]}}
 
 
-def children(isvc: dict, cfg: Config, hpa_api_version: str = "autoscaling/v2") -> list[dict]:
+def children(isvc: dict[str, Any], cfg: Config, hpa_api_version: str = "autoscaling/v2") -> list[dict[str, Any]]:
     """Every child object the InferenceService should have, in apply order."""
     isvc = copy.deepcopy(isvc)  # builders never share structure with their input
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for component in n.present_components(isvc):
         out += [deployment(isvc, component, cfg), service(isvc, component)]
         scaler = hpa(isvc, component, hpa_api_version)
@@ -113,7 +115,7 @@ def children(isvc: dict, cfg: Config, hpa_api_version: str = "autoscaling/v2") -
     return out
 
 
-def stale(existing: list[dict], desired: list[dict], owner_uid: str) -> list[dict]:
+def stale(existing: list[dict[str, Any]], desired: list[dict[str, Any]], owner_uid: str) -> list[dict[str, Any]]:
     """Existing children owned by this InferenceService that are no longer desired."""
     wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
     return [o for o in existing if (o["kind"], o["metadata"]["name"]) not in wanted

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GROUP = "serving.kserve.io"
 VERSION = "v1beta1"
@@ -69,6 +70,6 @@ def url(name: str, namespace: str) -> str:
     return f"http://{host(name, namespace)}"
 
 
-def present_components(isvc: dict) -> list[str]:
+def present_components(isvc: dict[str, Any]) -> list[str]:
     spec = isvc.get("spec") or {}
     return [c for c in COMPONENTS if spec.get(c)]

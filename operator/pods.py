@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import posixpath
+from typing import Any
 
 from . import names as n
 from .config import Config
@@ -17,16 +18,16 @@ PVC_MOUNT = "/mnt/pvc"
 HOST_MOUNT = "/mnt/source"
 
 
-def is_ovserve(spec: dict) -> bool:
+def is_ovserve(spec: dict[str, Any]) -> bool:
     """The predictor runs the ovserve server (a ``model``), not the user's containers."""
     return bool(spec.get("model")) and not spec.get("containers")
 
 
-def _grpc_name(port: dict) -> bool:
+def _grpc_name(port: dict[str, Any]) -> bool:
     return str(port.get("name", "")).startswith(("h2c", "grpc"))
 
 
-def serving_ports(spec: dict, component: str) -> dict[str, int]:
+def serving_ports(spec: dict[str, Any], component: str) -> dict[str, int]:
     """The component's main container's ports by listener name (``rest``, and ``grpc`` when it has one):
     an ovserve server's every listener at its default port unless its ``ports`` say otherwise."""
     if component == "predictor" and is_ovserve(spec):
@@ -40,17 +41,17 @@ def serving_ports(spec: dict, component: str) -> dict[str, int]:
     return out
 
 
-def container_ports(ports: dict[str, int]) -> list[dict]:
+def container_ports(ports: dict[str, int]) -> list[dict[str, Any]]:
     return [{"name": n.LISTENERS[name].port_name, "containerPort": port, "protocol": "TCP"}
             for name, port in ports.items()]
 
 
-def _probe(path: str, period: int, failures: int) -> dict:
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
             "timeoutSeconds": 5, "failureThreshold": failures}
 
 
-def _storage(uri: str, cfg: Config) -> tuple[str, list[dict], list[dict], list[dict]]:
+def _storage(uri: str, cfg: Config) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(model path, server mounts, init containers, volumes) for a storageUri."""
     where = plan(uri)
     if where.kind == "pvc":
@@ -58,7 +59,7 @@ def _storage(uri: str, cfg: Config) -> tuple[str, list[dict], list[dict], list[d
         mount = {"name": PVC_VOLUME, "mountPath": PVC_MOUNT, "readOnly": True}
         return posixpath.join(PVC_MOUNT, where.path).rstrip("/"), [mount], [], [volume]
     volumes = [{"name": MODELS_VOLUME, "emptyDir": {}}]
-    init_mounts = [{"name": MODELS_VOLUME, "mountPath": n.MODEL_MOUNT}]
+    init_mounts: list[dict[str, Any]] = [{"name": MODELS_VOLUME, "mountPath": n.MODEL_MOUNT}]
     source = where.source
     if where.kind == "host":
         volumes.append({"name": HOST_VOLUME, "hostPath": {"path": where.source}})
@@ -72,7 +73,8 @@ def _storage(uri: str, cfg: Config) -> tuple[str, list[dict], list[dict], list[d
     return n.MODEL_MOUNT, server_mounts, [init], volumes
 
 
-def ovserve_container(isvc: dict, cfg: Config) -> tuple[dict, list[dict], list[dict]]:
+def ovserve_container(isvc: dict[str, Any],
+                      cfg: Config) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The ovserve server container of a ``model`` predictor, its init containers and volumes."""
     model = isvc["spec"]["predictor"]["model"]
     model_path, mounts, inits, volumes = _storage(model["storageUri"], cfg)
@@ -81,7 +83,7 @@ def ovserve_container(isvc: dict, cfg: Config) -> tuple[dict, list[dict], list[d
     for name, port in ports.items():
         if port != n.LISTENERS[name].default:
             args += [n.LISTENERS[name].flag, str(port)]
-    container: dict = {
+    container: dict[str, Any] = {
         "name": model.get("name") or n.CONTAINER_NAME, "image": model.get("image") or cfg.image,
         "command": ["ovserve"], "args": args + list(model.get("args") or []),
         "ports": container_ports(ports),
@@ -106,9 +108,9 @@ def _has_flag(args: list[str], flag: str) -> bool:
     return any(a.split("=", 1)[0] in spellings for a in args)
 
 
-def user_containers(isvc: dict, component: str) -> list[dict]:
+def user_containers(isvc: dict[str, Any], component: str) -> list[dict[str, Any]]:
     """The user's containers; the first is named and, outside the predictor, wired to the predictor."""
-    containers = copy.deepcopy(isvc["spec"][component]["containers"])
+    containers: list[dict[str, Any]] = copy.deepcopy(isvc["spec"][component]["containers"])
     main = containers[0]
     main.setdefault("name", n.CONTAINER_NAME)
     rest = serving_ports(isvc["spec"][component], component)["rest"]
@@ -127,11 +129,11 @@ def user_containers(isvc: dict, component: str) -> list[dict]:
     return containers
 
 
-def pod_spec(isvc: dict, component: str, cfg: Config) -> dict:
+def pod_spec(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, Any]:
     spec = isvc["spec"][component]
     if component == "predictor" and is_ovserve(spec):
         container, inits, volumes = ovserve_container(isvc, cfg)
-        pod: dict = {"containers": [container]}
+        pod: dict[str, Any] = {"containers": [container]}
         if inits:
             pod["initContainers"] = inits
     else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from typing import Any
 
 import kopf
 
@@ -56,7 +57,7 @@ class Known:
             return sorted(self._keys)
 
 
-def drift(existing: list[dict], desired: list[dict], owner_uid: str) -> list[str]:
+def drift(existing: list[dict[str, Any]], desired: list[dict[str, Any]], owner_uid: str) -> list[str]:
     """What differs between the children that exist and those wanted, by kind and name (pure)."""
     have = {(o["kind"], o["metadata"]["name"]) for o in existing}
     missing = [f"{kind} {name} missing" for kind, name in

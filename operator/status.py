@@ -11,6 +11,8 @@ over its pods (a stale failing pod cannot flip a healthy component).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from . import names as n
 from .validation import Invalid, check
 
@@ -22,11 +24,11 @@ POD_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLo
                 "CreateContainerConfigError")
 
 
-def _cond(type_: str, status: str, reason: str, message: str) -> dict:
+def _cond(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:
     return {"type": type_, "status": status, "reason": reason, "message": message}
 
 
-def container_problem(pod: dict) -> tuple[str, str] | None:
+def container_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
     """(reason, message) when one of the pod's containers cannot start; None otherwise.
 
     Init containers first (the storage-initializer runs before the server): waiting with
@@ -57,16 +59,18 @@ def container_problem(pod: dict) -> tuple[str, str] | None:
     return None
 
 
-def rolled_out(deployment: dict) -> bool:
+def rolled_out(deployment: dict[str, Any]) -> bool:
     """Available, current generation observed, every replica updated and ready: nothing stale left."""
     st = deployment.get("status") or {}
     available = any(c.get("type") == "Available" and c.get("status") == "True" for c in st.get("conditions") or [])
     want = (deployment.get("spec") or {}).get("replicas", 1)
     return (available and st.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
-            and (st.get("readyReplicas") or 0) >= want and (st.get("updatedReplicas") or 0) == (st.get("replicas") or 0))
+            and (st.get("readyReplicas") or 0) >= want
+            and (st.get("updatedReplicas") or 0) == (st.get("replicas") or 0))
 
 
-def component_condition(component: str, deployment: dict | None, pods: list[dict] | None = None) -> dict:
+def component_condition(component: str, deployment: dict[str, Any] | None,
+                        pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``<Component>Ready`` condition: the Deployment's, unless one of its pods cannot start."""
     type_ = n.CONDITION_TYPES[component]
     if deployment is None:
@@ -79,7 +83,7 @@ def component_condition(component: str, deployment: dict | None, pods: list[dict
     return deployment_condition(type_, deployment)
 
 
-def deployment_condition(type_: str, deployment: dict) -> dict:
+def deployment_condition(type_: str, deployment: dict[str, Any]) -> dict[str, Any]:
     """The condition read off the Deployment alone."""
     name = deployment["metadata"]["name"]
     st = deployment.get("status") or {}
@@ -106,7 +110,7 @@ def deployment_condition(type_: str, deployment: dict) -> dict:
     return _cond(type_, "Unknown", "Pending", f"Deployment {name}: {counts}")
 
 
-def ready_condition(components: list[dict]) -> dict:
+def ready_condition(components: list[dict[str, Any]]) -> dict[str, Any]:
     bad = [c for c in components if c["status"] == "False"] or [c for c in components if c["status"] != "True"]
     if not bad:
         return _cond("Ready", "True", "ComponentsReady", "every component is ready")
@@ -114,18 +118,18 @@ def ready_condition(components: list[dict]) -> dict:
     return _cond("Ready", first["status"], first["reason"], f"{first['type']}: {first['message']}")
 
 
-def _stamp(conditions: list[dict], previous: list[dict], now: str) -> list[dict]:
+def _stamp(conditions: list[dict[str, Any]], previous: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
     """Keep lastTransitionTime while a condition's status does not change."""
     before = {c.get("type"): c for c in previous or []}
     out = []
     for c in conditions:
-        old = before.get(c["type"])
-        same = old and old.get("status") == c["status"] and old.get("lastTransitionTime")
+        old = before.get(c["type"]) or {}
+        same = old.get("status") == c["status"] and old.get("lastTransitionTime")
         out.append({**c, "lastTransitionTime": old["lastTransitionTime"] if same else now})
     return out
 
 
-def sticky_failure(isvc: dict) -> dict | None:
+def sticky_failure(isvc: dict[str, Any]) -> dict[str, Any] | None:
     """An apply failure recorded for the current generation: kept until the next reconcile."""
     st = isvc.get("status") or {}
     ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), None)
@@ -135,8 +139,9 @@ def sticky_failure(isvc: dict) -> dict | None:
     return None
 
 
-def compute(isvc: dict, deployments: dict[str, dict], now: str, failure: dict | None = None,
-            pods: dict[str, list[dict]] | None = None) -> dict:
+def compute(isvc: dict[str, Any], deployments: dict[str, dict[str, Any]], now: str,
+            failure: dict[str, Any] | None = None,
+            pods: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The whole status (without observedGeneration, which the reconciler sets).
 
     ``deployments`` and ``pods`` are keyed by component (the ``component`` label).
@@ -157,7 +162,7 @@ def compute(isvc: dict, deployments: dict[str, dict], now: str, failure: dict | 
             "conditions": _stamp(conditions, previous, now)}
 
 
-def changed(current: dict, new: dict) -> bool:
+def changed(current: dict[str, Any], new: dict[str, Any]) -> bool:
     """Whether writing ``new`` (a merge patch) would change ``current``."""
     for key, value in new.items():
         if isinstance(value, dict) and isinstance(current.get(key), dict):

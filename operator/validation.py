@@ -70,7 +70,7 @@ def _kind(value: object) -> str:
     return _KINDS.get(type(value), type(value).__name__)
 
 
-def _typed(parent: dict, key: str, kind: type, where: str) -> Any:
+def _typed(parent: dict[str, Any], key: str, kind: type, where: str) -> Any:
     """``parent[key]`` when absent, null or a ``kind`` (a boolean is no integer); else Invalid naming ``where``."""
     value = parent.get(key)
     if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
@@ -78,40 +78,40 @@ def _typed(parent: dict, key: str, kind: type, where: str) -> Any:
     return value
 
 
-def _mapping(parent: dict, key: str, where: str) -> dict:
+def _mapping(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return _typed(parent, key, dict, where) or {}
 
 
-def _list(parent: dict, key: str, where: str) -> list:
+def _list(parent: dict[str, Any], key: str, where: str) -> list[Any]:
     return _typed(parent, key, list, where) or []
 
 
-def _integer(parent: dict, key: str, where: str, low: int, high: int = INT32) -> int | None:
-    value = _typed(parent, key, int, where)
+def _integer(parent: dict[str, Any], key: str, where: str, low: int, high: int = INT32) -> int | None:
+    value: int | None = _typed(parent, key, int, where)
     if value is not None and not low <= value <= high:
         raise Invalid(where, f"{value} is out of range ({low}-{high})")
     return value
 
 
-def _choice(parent: dict, key: str, where: str, choices: tuple[str, ...]) -> None:
+def _choice(parent: dict[str, Any], key: str, where: str, choices: tuple[str, ...]) -> None:
     value = _typed(parent, key, str, where)
     if value and value not in choices:
         raise Invalid(where, f"{value!r} is not one of {', '.join(choices)}")
 
 
-def _strings(parent: dict, key: str, where: str) -> None:
+def _strings(parent: dict[str, Any], key: str, where: str) -> None:
     for i, item in enumerate(_list(parent, key, where)):
         if not isinstance(item, str):
             raise Invalid(f"{where}[{i}]", f"must be a string, got {_kind(item)}")
 
 
-def _string_map(parent: dict, key: str, where: str) -> None:
+def _string_map(parent: dict[str, Any], key: str, where: str) -> None:
     for k, v in _mapping(parent, key, where).items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise Invalid(f"{where}.{k}", f"keys and values must be strings, got {_kind(v)}")
 
 
-def _items(parent: dict, key: str, where: str) -> list[tuple[str, dict]]:
+def _items(parent: dict[str, Any], key: str, where: str) -> list[tuple[str, dict[str, Any]]]:
     """A list of mappings: (path, item) for each."""
     out = []
     for i, item in enumerate(_list(parent, key, where)):
@@ -121,7 +121,7 @@ def _items(parent: dict, key: str, where: str) -> list[tuple[str, dict]]:
     return out
 
 
-def _env(parent: dict, where: str) -> None:
+def _env(parent: dict[str, Any], where: str) -> None:
     for at, var in _items(parent, "env", f"{where}.env"):
         if not isinstance(var.get("name"), str) or not var["name"]:
             raise Invalid(f"{at}.name", "is required (a string)")
@@ -129,14 +129,14 @@ def _env(parent: dict, where: str) -> None:
         _mapping(var, "valueFrom", f"{at}.valueFrom")
 
 
-def _ports(parent: dict, where: str) -> None:
+def _ports(parent: dict[str, Any], where: str) -> None:
     for at, port in _items(parent, "ports", f"{where}.ports"):
         if _integer(port, "containerPort", f"{at}.containerPort", 1, 65535) is None:
             raise Invalid(f"{at}.containerPort", "is required")
         _typed(port, "name", str, f"{at}.name")
 
 
-def _container(container: dict, where: str) -> None:
+def _container(container: dict[str, Any], where: str) -> None:
     """The container fields the builders and ``ovserve run`` read (the rest pass through to the pod)."""
     if not isinstance(container.get("image"), str) or not container["image"]:
         raise Invalid(f"{where}.image", "is required (a string)")
@@ -149,7 +149,7 @@ def _container(container: dict, where: str) -> None:
     _choice(container, "imagePullPolicy", f"{where}.imagePullPolicy", PULL_POLICIES)
 
 
-def _component(spec: dict, where: str) -> None:
+def _component(spec: dict[str, Any], where: str) -> None:
     low = _integer(spec, "minReplicas", f"{where}.minReplicas", 0)
     high = _integer(spec, "maxReplicas", f"{where}.maxReplicas", 0)
     if high and low is not None and high < low:
@@ -170,7 +170,7 @@ def _component(spec: dict, where: str) -> None:
         raise Invalid(f"{where}.containers", "is required")
 
 
-def _predictor(spec: dict) -> None:
+def _predictor(spec: dict[str, Any]) -> None:
     for key in FRAMEWORKS:
         if spec.get(key):
             raise Invalid(f"spec.predictor.{key}", "framework shorthands are not supported; use "

@@ -23,7 +23,7 @@ from .processes import Stopped, Supervisor, say
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``run`` sub-command, on ``ovserve``'s parser."""
     p = sub.add_parser(
         "run", help="run an InferenceService YAML as local processes (no cluster needed)",

@@ -79,7 +79,7 @@ class Component:
     folders: list[Path]
 
 
-def load(path: Path) -> dict:
+def load(path: Path) -> dict[str, Any]:
     """The one InferenceService in a YAML file (other kinds of documents are ignored)."""
     import yaml
 
@@ -114,11 +114,11 @@ def _yaml_problem(exc: Exception) -> str:
     mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
     if mark is not None and problem:
         context = getattr(exc, "context", None)
-        return f"line {mark.line + 1}, column {mark.column + 1}: " + (f"{context}: " if context else "") + problem
+        return f"line {mark.line + 1}, column {mark.column + 1}: " + (f"{context}: " if context else "") + str(problem)
     return " ".join(str(exc).split())
 
 
-def prepare(isvc: object) -> dict:
+def prepare(isvc: object) -> dict[str, Any]:
     """What the API server would add (namespace, uid), then the operator's own validation."""
     isvc = copy.deepcopy(isvc)
     meta = isvc.setdefault("metadata", {}) if isinstance(isvc, dict) else None
@@ -133,12 +133,12 @@ def prepare(isvc: object) -> dict:
     return isvc
 
 
-def entry_component(isvc: dict) -> str:
+def entry_component(isvc: dict[str, Any]) -> str:
     """The component the InferenceService's own address routes to (as ``manifests.entry_service``)."""
     return "transformer" if isvc["spec"].get("transformer") else "predictor"
 
 
-def plan(isvc: dict, workdir: Path) -> list[Component]:
+def plan(isvc: dict[str, Any], workdir: Path) -> list[Component]:
     """The components to start, in order (predictor first), each with its init containers."""
     out = []
     for component in names.present_components(isvc):
@@ -166,7 +166,7 @@ def plan(isvc: dict, workdir: Path) -> list[Component]:
 _KINDS = {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number"}
 
 
-def _field(parent: dict, key: str, kind: type | tuple[type, ...], where: str, required: bool = False) -> Any:
+def _field(parent: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str, required: bool = False) -> Any:
     """``parent[key]`` checked against ``kind`` (a boolean is no number), or RunError naming the field.
 
     The operator's validation types the fields the builders read; the pod fields it passes through
@@ -189,7 +189,7 @@ def _at(where: str, key: str) -> str:
     return f"{where}{key}" if where.endswith(": ") else f"{where}.{key}"
 
 
-def _mappings(parent: dict, key: str, where: str) -> list[tuple[str, dict]]:
+def _mappings(parent: dict[str, Any], key: str, where: str) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for i, item in enumerate(_field(parent, key, list, where) or []):
         if not isinstance(item, dict):
@@ -198,7 +198,7 @@ def _mappings(parent: dict, key: str, where: str) -> list[tuple[str, dict]]:
     return out
 
 
-def _volumes(pod: dict, component: str, root: Path) -> tuple[dict[str, Path], list[Path]]:
+def _volumes(pod: dict[str, Any], component: str, root: Path) -> tuple[dict[str, Path], list[Path]]:
     """Volume name -> local folder: an emptyDir is a fresh folder, a hostPath its own path."""
     local: dict[str, Path] = {}
     folders: list[Path] = []
@@ -222,7 +222,7 @@ def _volumes(pod: dict, component: str, root: Path) -> tuple[dict[str, Path], li
     return local, folders
 
 
-def _command(container: dict, component: str) -> list[str]:
+def _command(container: dict[str, Any], component: str) -> list[str]:
     """The container's full command line, with the server image's entrypoint when it gives none."""
     name, image = container.get("name", "?"), container.get("image", "?")
     command, args = list(container.get("command") or []), [str(a) for a in container.get("args") or []]
@@ -237,7 +237,7 @@ def _command(container: dict, component: str) -> list[str]:
     if posixpath.basename(argv[0]) == "ovserve":
         return argv
     if len(argv) >= 3 and posixpath.basename(argv[0]).startswith("python") and argv[1:3] == ["-m", "ovserve.server"]:
-        return ["ovserve"] + argv[3:]
+        return ["ovserve", *argv[3:]]
     raise RunError(f"{component}: container {name!r} (image {image!r}) runs {' '.join(argv[:3])!r}; "
                    "only the ovserve image's `ovserve ...` commands run locally: this container needs a cluster")
 
@@ -274,7 +274,7 @@ def _rewrite_path(value: str, mounts: list[tuple[str, Path]]) -> str:
     return value
 
 
-def _env(container: dict, component: str, mounts: list[tuple[str, Path]]) -> dict[str, str]:
+def _env(container: dict[str, Any], component: str, mounts: list[tuple[str, Path]]) -> dict[str, str]:
     name = container.get("name", "?")
     if container.get("envFrom"):
         raise RunError(f"{component}: container {name!r} uses envFrom (ConfigMaps, Secrets), which needs a cluster")
@@ -286,14 +286,14 @@ def _env(container: dict, component: str, mounts: list[tuple[str, Path]]) -> dic
     return env
 
 
-def _seconds(spec: dict, key: str, where: str, default: float) -> float:
+def _seconds(spec: dict[str, Any], key: str, where: str, default: float) -> float:
     value = _field(spec, key, (int, float), where)
     if value is not None and not 0 <= value <= 10**6:  # a probe's budget, not a way to overflow a float
         raise RunError(f"{_at(where, key)} must be between 0 and 1000000, got {value}")
     return float(default if value is None else value)
 
 
-def _probe(container: dict, key: str, where: str, ports: dict[str, int], default_port: int) -> Probe | None:
+def _probe(container: dict[str, Any], key: str, where: str, ports: dict[str, int], default_port: int) -> Probe | None:
     spec = _field(container, key, dict, where)
     if not spec:
         return None
@@ -314,7 +314,7 @@ def _probe(container: dict, key: str, where: str, ports: dict[str, int], default
     return None  # exec and grpc probes: the port check stands in (docs/run.md)
 
 
-def _proc(component: str, container: dict, volumes: dict[str, Path], rest: int, grpc: int | None) -> Proc:
+def _proc(component: str, container: dict[str, Any], volumes: dict[str, Path], rest: int, grpc: int | None) -> Proc:
     name = container.get("name", "?")
     where = f"{component}: container {name!r}: "
     mounts: list[tuple[str, Path]] = []
@@ -339,7 +339,8 @@ def _proc(component: str, container: dict, volumes: dict[str, Path], rest: int, 
         grpc_predictor = "grpc-v2" in proto.values()
     else:
         grpc_predictor = False
-    proc = Proc(component, name, container.get("image", "?"), [sys.executable, "-m", "ovserve.server", subcommand, *args],
+    argv = [sys.executable, "-m", "ovserve.server", subcommand, *args]
+    proc = Proc(component, name, container.get("image", "?"), argv,
                 _env(container, component, mounts), subcommand, rest_port=rest,
                 grpc_port=grpc if subcommand == "serve" else None,
                 wants_grpc=subcommand == "transformer" and "--grpc_port" in found,
@@ -349,7 +350,8 @@ def _proc(component: str, container: dict, volumes: dict[str, Path], rest: int, 
     return proc
 
 
-def local_args(proc: Proc, host: str, rest: int, grpc: int | None, predictor: tuple[int, int | None] | None) -> list[str]:
+def local_args(proc: Proc, host: str, rest: int, grpc: int | None,
+               predictor: tuple[int, int | None] | None) -> list[str]:
     """The flags ``ovserve run`` sets: where the process listens, and where its predictor is."""
     if proc.subcommand == "serve":
         return ["--host", host, "--rest-port", str(rest), "--grpc-port", str(grpc or 0)]

@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import IO
+from typing import IO, Any
 
 from ovserve.server.child import Child
 
@@ -91,7 +91,7 @@ def _load_failure(base: str, name: str) -> str:
     """Why a model is not ready, from its V1 status (the OVMS states of each version)."""
     try:
         with _HTTP.open(f"{base}/v1/models/{name}", timeout=5) as resp:
-            body = resp.read()
+            body: bytes = resp.read()
     except urllib.error.HTTPError as exc:
         body = exc.read()
     except (urllib.error.URLError, OSError) as exc:
@@ -107,7 +107,8 @@ def _load_failure(base: str, name: str) -> str:
 class Supervisor:
     """The processes of one ``ovserve run``: started in pod order, watched, stopped in reverse."""
 
-    def __init__(self, isvc: dict, components: list[Component], http_port: int, out: IO[str], err: IO[str]) -> None:
+    def __init__(self, isvc: dict[str, Any], components: list[Component], http_port: int, out: IO[str],
+                 err: IO[str]) -> None:
         self.isvc, self.components, self.http_port = isvc, components, http_port
         self.out, self.err = out, err
         self.entry = entry_component(isvc)
@@ -186,7 +187,8 @@ class Supervisor:
                 return False
         try:
             with _HTTP.open(f"http://{HOST}:{port}{probe.path}", timeout=probe.timeout) as resp:
-                return 200 <= resp.status < 400
+                status: int = resp.status
+                return 200 <= status < 400
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
