@@ -18,7 +18,8 @@ import contextlib
 import gc
 import logging
 import signal
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from . import ports
 from .dataplane import DataPlane

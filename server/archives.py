@@ -30,9 +30,10 @@ import struct
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Protocol
 
 CHUNK = 1 << 20
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -49,12 +50,19 @@ DEFAULT_MAX_BYTES = 1 << 40
 #: zero blocks, so tiny archives compress far beyond any ratio a model reaches.
 RATIO_FLOOR = 1 << 20
 
+
+class _Reader(Protocol):
+    """What an archive is read through: a file, or a decompressor over one (GzipFile, BZ2File, LZMAFile)."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
 #: first bytes of each compressed stream tarfile's "r:*" recognises, and what reads it
-_DECOMPRESSORS: tuple[tuple[bytes, Callable[[IO[bytes]], IO[bytes]]], ...] = (
+_DECOMPRESSORS: tuple[tuple[bytes, Callable[[IO[bytes]], _Reader]], ...] = (
     (b"\x1f\x8b", lambda raw: gzip.GzipFile(fileobj=raw, mode="rb")),
-    (b"BZh", lambda raw: bz2.BZ2File(raw)),
-    (b"\xfd7zXZ\x00", lambda raw: lzma.LZMAFile(raw)),
-    (b"\x5d\x00\x00", lambda raw: lzma.LZMAFile(raw)),  # legacy .lzma
+    (b"BZh", bz2.BZ2File),
+    (b"\xfd7zXZ\x00", lzma.LZMAFile),
+    (b"\x5d\x00\x00", lzma.LZMAFile),  # legacy .lzma
 )
 #: What the decompressors raise on bad data (bz2 and gzip raise OSError without an errno, which
 #: tells them apart from a failing disk).
@@ -95,8 +103,8 @@ class Limits:
             caps.append((self.max_bytes, f"--max-unpacked-bytes {self.max_bytes})"))
         if self.max_ratio:
             caps.append((max(RATIO_FLOOR, int(self.max_ratio * archive_size)),
-                         f"--max-ratio {self.max_ratio:g}: {self.max_ratio:g} times its {_size(archive_size)}), "
-                         "refused as a possible archive bomb"))
+                         (f"--max-ratio {self.max_ratio:g}: {self.max_ratio:g} times its {_size(archive_size)}), "
+                          "refused as a possible archive bomb")))
         return min(caps) if caps else (None, "")
 
 
@@ -116,7 +124,7 @@ class _Counter:
 class _Source:
     """Bytes read out of an archive: counted, and every failure of the data named as the archive's."""
 
-    def __init__(self, inner: IO[bytes], where: str, counter: _Counter | None = None) -> None:
+    def __init__(self, inner: _Reader, where: str, counter: _Counter | None = None) -> None:
         self.inner = inner
         self.where = where
         self.counter = counter
@@ -155,7 +163,7 @@ def _clear(target: str) -> None:
         os.unlink(target)
 
 
-def _decompressing(raw: IO[bytes]) -> IO[bytes]:
+def _decompressing(raw: IO[bytes]) -> _Reader:
     head = raw.read(6)
     raw.seek(0)
     for magic, opener in _DECOMPRESSORS:
@@ -206,7 +214,8 @@ def _unpack_tar(archive: Path, dest: str, limits: Limits) -> None:
         stream = _Source(_decompressing(raw), "the compressed stream", _Counter(allowance))
         try:
             # Stream mode: one pass, no seeking back (which would decompress the data twice).
-            with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tar:  # type: ignore[arg-type]
+            # typeshed asks every fileobj for write, tell, seek and close; stream mode ("r|") only reads.
+            with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tar:  # type: ignore[call-overload]
                 for member in tar:
                     _extract_member(tar, member, dest, written)
             stream.drain()
@@ -214,7 +223,7 @@ def _unpack_tar(archive: Path, dest: str, limits: Limits) -> None:
             raise ArchiveError(f"unsafe entry: {exc}") from None
         except tarfile.TarError as exc:
             raise ArchiveError(f"not a valid archive ({exc})") from None
-        except UnicodeError as exc:
+        except (UnicodeEncodeError, UnicodeDecodeError) as exc:  # a plain UnicodeError is a ValueError, below
             raise ArchiveError(f"an entry's name cannot be written here ({exc.reason})") from None
         except ValueError as exc:  # a name with a NUL byte (pax headers allow it; paths cannot hold it)
             raise ArchiveError(f"not a valid archive ({exc})") from None
@@ -254,7 +263,7 @@ def _unpack_zip(archive: Path, dest: str, limits: Limits) -> None:
     root = Path(dest)
     try:
         z = zipfile.ZipFile(archive)
-    except UnicodeError as exc:
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
         raise ArchiveError(f"an entry's name is not valid ({exc.reason})") from None
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, OSError, *_CORRUPT) as exc:
         raise ArchiveError(f"not a valid archive ({exc})") from None  # NotImplementedError: "zip file version 6.8"

@@ -14,7 +14,9 @@ process can start a server without the server's dependencies.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -26,8 +28,9 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Callable, Mapping, Sequence, TypeVar
+from typing import IO, TypeVar
 
 from .ports import BoundPorts
 
@@ -73,7 +76,9 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     """
     return subprocess.Popen(list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=stderr, text=True, errors="replace",
-                            preexec_fn=_own_group_dying_with(os.getpid(), setup))
+                            # PR_SET_PDEATHSIG exists only in the child between fork and exec: preexec_fn is
+                            # the one place to set it (what it runs: setpgid, prctl, getppid, kill, setup).
+                            preexec_fn=_own_group_dying_with(os.getpid(), setup))  # noqa: PLW1509
 
 
 def free_ports(count: int) -> list[int]:
@@ -201,18 +206,23 @@ class Child:
         """GET ``path`` on the REST port: the status, or 0 when nothing answered."""
         try:
             with _HTTP.open(f"http://{HOST}:{self.ports.rest}{path}", timeout=timeout) as resp:
-                return resp.status
+                status: int = resp.status
+                return status
         except urllib.error.HTTPError as exc:
             return exc.code
         except (urllib.error.URLError, OSError):
             return 0
+
+    def answers_ok(self, path: str) -> bool:
+        """Whether GET ``path`` answers 200."""
+        return self.get(path) == 200
 
     def wait_ok(self: _C, paths: Sequence[str] = ("/v2/health/ready",), timeout: float = 60) -> _C:
         """Until the ports are bound and every GET of ``paths`` answers 200 (the server, or a model, is ready)."""
         deadline = time.monotonic() + timeout
         self.wait_ports(timeout)
         for path in paths:
-            self.wait_until(lambda: self.get(path) == 200, f"GET {path} not 200",
+            self.wait_until(functools.partial(self.answers_ok, path), f"GET {path} not 200",
                             max(0.0, deadline - time.monotonic()))
         return self
 
@@ -232,13 +242,12 @@ class Child:
     def signal(self, sig: int, group: bool = False) -> None:
         """Send ``sig`` to the child, or with ``group`` to its whole process group; no error once it is gone."""
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 (os.killpg if group else os.kill)(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def wait_exit(self, timeout: float | None = None) -> int:
-        """Its exit code once it has exited (subprocess.TimeoutExpired after ``timeout`` s) and its last lines are read."""
+        """Its exit code once it has exited (subprocess.TimeoutExpired after ``timeout`` s) and its last lines are
+        read."""
         code = self.proc.wait(timeout)
         self.output.join(5)
         return code

@@ -13,13 +13,16 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
-from .version import __version__
 from .config import Settings
-from .flags import ENV_PREFIX, add as _add, add_process_flags
+from .flags import ENV_PREFIX, add_process_flags
+from .flags import add as _add
 from .process import configure_logging, run_event_loop
+from .version import __version__
+
 #: subcommands whose parser (``add_parser(sub)``) and entry point live in their own module
 _COMPONENTS = {
     "storage-initializer": ".storage",
@@ -31,7 +34,7 @@ _COMPONENTS = {
 SWITCH_INTERVAL = 0.0005
 
 
-def _json_object(text: str) -> dict:
+def _json_object(text: str) -> dict[str, Any]:
     value = json.loads(text)
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
@@ -60,10 +63,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--config, or --model-name with --model-path.",
     )
     src = serve.add_argument_group("what to serve (choose one)")
-    _add(src, "--model-repository", Path, None, "serve every model folder in DIR (REPO/<model>/<version>/model.xml)", metavar="DIR")
-    _add(src, "--config", Path, None, "serve the models an OVMS-style config.json lists; the file is watched", metavar="FILE")
+    _add(src, "--model-repository", Path, None, "serve every model folder in DIR (REPO/<model>/<version>/model.xml)",
+         metavar="DIR")
+    _add(src, "--config", Path, None, "serve the models an OVMS-style config.json lists; the file is watched",
+         metavar="FILE")
     _add(src, "--model-name", str, None, "single-model mode: the model's name", metavar="NAME")
-    _add(src, "--model-path", Path, None, "single-model mode: the folder holding its numbered version folders", metavar="DIR")
+    _add(src, "--model-path", Path, None, "single-model mode: the folder holding its numbered version folders",
+         metavar="DIR")
     add_process_flags(serve, d)
     limits = serve.add_argument_group("limits and watching")
     _add(limits, "--max-image-pixels", int, d.max_image_pixels, "largest encoded image decoded (width x height)")
@@ -78,10 +84,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(one, "--layout", str, None, "input layout, e.g. NHWC or NHWC:NCHW")
     _add(one, "--batch-size", str, None, "batch size to reshape the model to")
     _add(one, "--max-batch-size", int, d.max_batch_size,
-         "dynamic batching: join concurrent requests into batches of up to N rows (0 = off; needs a dynamic batch dimension)")
+         "dynamic batching: join concurrent requests into batches of up to N rows "
+         "(0 = off; needs a dynamic batch dimension)")
     _add(one, "--max-queue-delay-us", int, d.max_queue_delay_us,
          "dynamic batching: microseconds a request may wait for others to join its batch")
-    _add(one, "--plugin-config", _json_object, {}, "OpenVINO properties as a JSON object, e.g. '{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'")
+    _add(one, "--plugin-config", _json_object, {},
+         "OpenVINO properties as a JSON object, e.g. '{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'")
     parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
@@ -127,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return transformer_main(ns)
     if ns.command == "run":
-        return importlib.import_module(_COMPONENTS["run"]).main(ns)
+        code: int = importlib.import_module(_COMPONENTS["run"]).main(ns)  # by name: see _COMPONENTS
+        return code
     if ns.command == "explainer":
         from .components.explainer import main as explainer_main
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 #: Default cap on a REST request's head (request line and header fields), in bytes, for the
 #: server, the transformer and the explainer alike: above the 60 KiB Envoy (Istio, Knative)
 #: lets through by default and nginx's 4 x 8 KiB, so nothing that reaches ovserve through them

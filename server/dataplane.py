@@ -13,8 +13,18 @@ from __future__ import annotations
 import abc
 
 from .errors import Unsupported
-from .types import (Explanation, Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, Parameters,
-                    PortInfo, ServerMetadata, VersionStatus)
+from .types import (
+    Explanation,
+    Headers,
+    IndexEntry,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    Parameters,
+    PortInfo,
+    ServerMetadata,
+    VersionStatus,
+)
 
 
 class DataPlane(abc.ABC):
@@ -27,10 +37,11 @@ class DataPlane(abc.ABC):
         self.live = False
 
     # -- lifecycle (the Server calls these) -----------------------------------
-    async def start(self) -> None:
+    # Optional hooks, not abstract: a data plane with nothing to start or stop keeps these no-ops.
+    async def start(self) -> None:  # noqa: B027 (an optional hook: the no-op is its default)
         """After the listeners accept connections: the initial load, or the first look at a predictor."""
 
-    async def stop(self) -> None:
+    async def stop(self) -> None:  # noqa: B027 (an optional hook: the no-op is its default)
         """After the listeners have drained."""
 
     # -- health and metadata ------------------------------------------------

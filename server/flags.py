@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .config import GRPC_ENGINES, ProcessSettings
 

@@ -9,9 +9,11 @@ import asyncio
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ovserve.common.codecs.datatypes import V2_TO_NUMPY
 from ovserve.common.codecs.tensors import encoding_parameters
+
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
 from .errors import InvalidInput, Unavailable
@@ -19,8 +21,17 @@ from .repository.manager import ModelManager
 from .repository.states import State
 from .runtime.memory import release_free_memory
 from .runtime.openvino import OpenVINOModel
-from .types import (Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, PortInfo, ServerMetadata,
-                    Tensor, VersionStatus)
+from .types import (
+    Headers,
+    IndexEntry,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    PortInfo,
+    ServerMetadata,
+    Tensor,
+    VersionStatus,
+)
 from .version import __version__
 
 log = logging.getLogger("ovserve")
@@ -99,7 +110,8 @@ class ModelServer(DataPlane):
         mv = self.manager.acquire(request.model_name, request.model_version)
         try:
             model = mv.model
-            assert model is not None and mv.status.state is State.AVAILABLE
+            assert model is not None
+            assert mv.status.state is State.AVAILABLE
             feed, images = check_inputs(request, model)
             wanted = check_outputs(request, model)
             if images:
@@ -128,7 +140,7 @@ class ModelServer(DataPlane):
     async def unload_model(self, name: str) -> None:
         await self.manager.unload(name)
 
-    async def _decode(self, feed: dict, images: list[tuple[Tensor, PortInfo]]) -> None:
+    async def _decode(self, feed: dict[str, Any], images: list[tuple[Tensor, PortInfo]]) -> None:
         loop = asyncio.get_running_loop()
         for tensor, port in images:
             feed[port.name] = await loop.run_in_executor(
@@ -142,13 +154,13 @@ def takes_images(tensor: Tensor, port: PortInfo) -> bool:
     return tensor.datatype == "BYTES" and port.datatype != "BYTES" and len(port.dims) == 4
 
 
-def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict, list[tuple[Tensor, PortInfo]]]:
+def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict[str, Any], list[tuple[Tensor, PortInfo]]]:
     """Match request inputs to model inputs: names, count, datatype, shape.
 
     Returns the feed and the inputs that still need image decoding.
     """
     ports = {p.name: p for p in model.inputs}
-    feed: dict = {}
+    feed: dict[str, Any] = {}
     images: list[tuple[Tensor, PortInfo]] = []
     for tensor in request.inputs:
         port = ports.get(tensor.name)
@@ -172,7 +184,7 @@ def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict, lis
                 f"input {tensor.name!r}: datatype {tensor.datatype} does not match the model's {port.datatype}"
             )
         shape = tensor.shape
-        if len(shape) != len(port.dims) or not all(d.accepts(n) for d, n in zip(port.dims, shape)):
+        if len(shape) != len(port.dims) or not all(d.accepts(n) for d, n in zip(port.dims, shape, strict=True)):
             raise InvalidInput(
                 f"input {tensor.name!r}: shape {list(shape)} does not fit the model's "
                 f"[{','.join(str(d) for d in port.dims)}]"
@@ -184,7 +196,7 @@ def check_inputs(request: InferRequest, model: OpenVINOModel) -> tuple[dict, lis
     return feed, images
 
 
-def check_outputs(request: InferRequest, model: OpenVINOModel) -> list[tuple[PortInfo, dict]]:
+def check_outputs(request: InferRequest, model: OpenVINOModel) -> list[tuple[PortInfo, dict[str, Any]]]:
     ports = {p.name: p for p in model.outputs}
     if not request.outputs:
         return [(p, {}) for p in model.outputs]

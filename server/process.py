@@ -4,7 +4,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 
 def configure_logging(level: str) -> None:

@@ -1,7 +1,7 @@
 """``ovserve serve``: the model server's data plane and its listeners, from the settings."""
 from __future__ import annotations
 
-from .app import Server, run
+from .app import Listener, Server, run
 from .codecs import images
 from .config import Settings
 from .model_server import ModelServer
@@ -32,15 +32,16 @@ def make_source(settings: Settings) -> Source:
     if mode == "repository":
         assert settings.model_repository is not None
         return RepositorySource(settings.model_repository, options)
-    assert settings.model_path is not None and settings.model_name
+    assert settings.model_path is not None
+    assert settings.model_name
     return SingleModelSource(settings.model_name, settings.model_path, options)
 
 
 def build(settings: Settings) -> Server:
     images.configure(settings.max_image_pixels, settings.max_images)
     dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval))
-    listeners: list = [(RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes),
-                        settings.rest_port)]
+    rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes)
+    listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)],
                                        settings.max_request_bytes, settings.grpc_engine), settings.grpc_port))

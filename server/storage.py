@@ -25,19 +25,19 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
-from .version import __version__
 from .archives import CHUNK, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, RATIO_FLOOR, ArchiveError, Limits, is_archive, unpack
+from .version import __version__
 
-try:
+if sys.platform != "win32":  # Windows has no advisory locks, so no sweeping either
     import fcntl
-except ImportError:  # pragma: no cover - Windows: no advisory locks, so no sweeping either
-    fcntl = None  # type: ignore[assignment]
 
 TIMEOUT = 60.0
+#: the archive limits when none are given (Limits is frozen: one shared instance)
+DEFAULT_LIMITS = Limits()
 #: scratch folders live inside DEST, the only place sure to be on DEST's filesystem (DEST is usually an
 #: emptyDir mount point, whose parent is another filesystem): moving from there into DEST is a rename
 STAGING_PREFIX = ".ovserve-staging-"
@@ -64,9 +64,9 @@ def _expected_sha256(flag: str | None, fragment: str, src: str) -> str | None:
             given = value
         elif algorithm.lower() in hashlib.algorithms_guaranteed:
             raise StorageError(f"{src}: only #sha256= is checked, not #{algorithm}=")
-    for value in (flag, given):
-        if value is not None and not SHA256.fullmatch(value):
-            raise StorageError(f"{src}: {value!r} is not a SHA-256 digest (64 hex digits)")
+    for digest in (flag, given):
+        if digest is not None and not SHA256.fullmatch(digest):
+            raise StorageError(f"{src}: {digest!r} is not a SHA-256 digest (64 hex digits)")
     if flag and given and flag.lower() != given.lower():
         raise StorageError(f"{src}: --sha256 and the URL's #sha256= differ")
     return (flag or given or "").lower() or None
@@ -183,7 +183,7 @@ def _make_dirs(dest: Path) -> list[Path]:
 @contextlib.contextmanager
 def _locked(dest: Path) -> Iterator[bool]:
     """Hold DEST for this run (True), so scratch folders left by a killed run can be swept safely."""
-    if fcntl is None:  # pragma: no cover
+    if sys.platform == "win32":  # pragma: no cover
         yield False
         return
     fd = os.open(dest, os.O_RDONLY)
@@ -245,7 +245,7 @@ def _merge(tree: Path, dest: Path) -> None:
     _move(tree, dest)
 
 
-def initialize(src: str, dest: Path, limits: Limits = Limits(), sha256: str | None = None) -> Path:
+def initialize(src: str, dest: Path, limits: Limits = DEFAULT_LIMITS, sha256: str | None = None) -> Path:
     """Fetch ``src`` into the folder ``dest`` (created if needed); returns ``dest``.
 
     The model is merged into what DEST holds (same-named files replaced), and only once all
@@ -293,8 +293,9 @@ def _sha256(text: str) -> str:
     return text.lower()
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("storage-initializer", help="fetch a model into a folder (what the operator's init container runs)",
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("storage-initializer",
+                       help="fetch a model into a folder (what the operator's init container runs)",
                        description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "))
     p.add_argument("src", help="http(s):// file or archive, file:// URI, or local path; an http(s):// or file:// "
                    "URL may end in #sha256=HEX (as pip reads it)")

@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Executor, Future
-from typing import Any, Callable, Generator, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidInput, PayloadTooLarge
+from ..types import Dim
 
 #: Default pixel limit of one decoded image (width x height).
 DEFAULT_MAX_PIXELS = 64 * 1024 * 1024
@@ -82,7 +84,7 @@ def image_layout(layout: str, dims: Sequence[Any], where: str) -> str:
     return "NHWC"
 
 
-def _target(dim: Any, actual: int) -> int:
+def _target(dim: Dim, actual: int) -> int:
     """The size to resize to: the static size, or the actual one clamped into a range."""
     if dim.static:
         return dim.lo
@@ -95,7 +97,8 @@ def _decode_one(index: int, data: bytes, gray: bool, where: str) -> np.ndarray:
     if not data:
         raise InvalidInput(f"{where}: image {index} is empty")
     try:
-        img = cv.imdecode(np.frombuffer(data, np.uint8), cv.IMREAD_GRAYSCALE if gray else cv.IMREAD_COLOR)
+        img: np.ndarray | None = cv.imdecode(np.frombuffer(data, np.uint8),
+                                             cv.IMREAD_GRAYSCALE if gray else cv.IMREAD_COLOR)
     except cv.error as exc:
         if "CV_IO_MAX_IMAGE_PIXELS" in str(exc):
             raise InvalidInput(f"{where}: image {index} has more pixels than the limit "
@@ -159,7 +162,7 @@ def _in_order(work: Callable[[tuple[int, bytes]], np.ndarray], elements: Sequenc
         for item in enumerate(elements):
             yield work(item)
         return
-    pending: deque[Future] = deque()
+    pending: deque[Future[np.ndarray]] = deque()
     try:
         for item in enumerate(elements):
             pending.append(pool.submit(work, item))

@@ -11,13 +11,15 @@ FP32, INT64 or BOOL.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from ovserve.common.codecs.tensors import from_values
+
 from ..errors import InvalidInput
 from ..types import InferRequest, InferResponse, Tensor, TensorSpec
-from ovserve.common.codecs.tensors import from_values
 
 #: the name of the one column of row instances when the model's one input is not known
 UNNAMED = "instances"
@@ -41,14 +43,14 @@ def decode_request(model_name: str, doc: Any, specs: Sequence[TensorSpec], exact
     return InferRequest(model_name=model_name, inputs=inputs, id=request_id if isinstance(request_id, str) else "")
 
 
-def _columns(model_name: str, doc: dict, names: list[str], exact: bool) -> dict[str, Any]:
+def _columns(model_name: str, doc: dict[str, Any], names: list[str], exact: bool) -> dict[str, Any]:
     only = names[0] if len(names) == 1 else (None if exact else UNNAMED)
     if "instances" in doc:
         rows = doc["instances"]
         if not isinstance(rows, list) or not rows:
             raise InvalidInput("'instances' must be a non-empty list")
         if all(isinstance(r, dict) and set(r) != {"b64"} for r in rows):
-            columns: dict[str, list] = {}
+            columns: dict[str, list[Any]] = {}
             for row in rows:
                 for key, value in row.items():
                     columns.setdefault(key, []).append(value)
@@ -83,7 +85,7 @@ def _tensor(name: str, values: Any, datatype: str | None) -> Tensor:
     return Tensor(name, datatype, tuple(arr.shape), from_values(where, datatype, tuple(arr.shape), values))
 
 
-def _guess(where: str, values: list) -> str:
+def _guess(where: str, values: list[Any]) -> str:
     """The datatype of a column no input spec names, from its values."""
     flat = np.asarray(values, dtype=object).reshape(-1)
     if flat.size and all(isinstance(v, str) or (isinstance(v, dict) and set(v) == {"b64"}) for v in flat):
@@ -103,7 +105,7 @@ def _text(item: Any) -> str:
 
 def encode_predictions(response: InferResponse) -> dict[str, Any]:
     """Row-form predictions: one entry per instance; a dict per row for several outputs."""
-    def rows(t: Tensor) -> list:
+    def rows(t: Tensor) -> Any:  # a list, or a scalar for a 0-d output
         data = t.data
         if t.datatype == "BYTES":
             data = np.vectorize(_text, otypes=[object])(data)

@@ -26,19 +26,32 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import ProcessSettings
+from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
 from ..flags import add_process_flags, boolean, process_settings
 from ..process import configure_logging, run_event_loop
-from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
-from ..types import (Explanation, Headers, InferRequest, ModelMetadata, Parameters, RequestedOutput, ServerMetadata,
-                     Tensor, TensorSpec)
+from ..types import (
+    Explanation,
+    Headers,
+    InferRequest,
+    ModelMetadata,
+    Parameters,
+    RequestedOutput,
+    ServerMetadata,
+    Tensor,
+    TensorSpec,
+)
 from . import saliency
 from .transformer import Transformer, TransformerDataPlane
+
+if TYPE_CHECKING:  # imported where the explainer is built (build), here for its type only
+    from ovserve.client.predictor import PredictorClient
 
 log = logging.getLogger("ovserve.explainer")
 
@@ -67,7 +80,7 @@ class Options:
     heatmap: bool = True  # draw the PNG heatmap (images)
 
     @classmethod
-    def parse(cls, params: Any, max_timeout: float) -> "Options":
+    def parse(cls, params: Any, max_timeout: float) -> Options:
         if params is None:
             params = {}
         if not isinstance(params, dict):
@@ -111,23 +124,25 @@ class Options:
         return o
 
 
-def _int(p: dict, key: str, lo: int, hi: int) -> int:
+def _int(p: dict[str, Any], key: str, lo: int, hi: int) -> int:
     v = p[key]
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise InvalidInput(f"parameter {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
     return v
 
 
-def _str(p: dict, key: str) -> str:
-    if not isinstance(p[key], str) or not p[key]:
-        raise InvalidInput(f"parameter {key!r} must be a non-empty string, got {p[key]!r}")
-    return p[key]
+def _str(p: dict[str, Any], key: str) -> str:
+    value = p[key]
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"parameter {key!r} must be a non-empty string, got {value!r}")
+    return value
 
 
-def _choice(p: dict, key: str, choices: tuple[str, ...]) -> str:
-    if p[key] not in choices:
-        raise InvalidInput(f"parameter {key!r} must be one of {list(choices)}, got {p[key]!r}")
-    return p[key]
+def _choice(p: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    value = p[key]
+    if value not in choices:
+        raise InvalidInput(f"parameter {key!r} must be one of {list(choices)}, got {value!r}")
+    return str(value)
 
 
 def _finite(v: Any) -> bool:
@@ -139,7 +154,8 @@ def _baseline(v: Any) -> Any:
         return v
     if isinstance(v, list) and v and all(_finite(x) for x in v):
         return [float(x) for x in v]
-    raise InvalidInput(f"parameter 'baseline' must be a number, \"mean\" or a list of numbers (one per feature), got {v!r}")
+    raise InvalidInput(f"parameter 'baseline' must be a number, \"mean\" or a list of numbers (one per feature), "
+                       f"got {v!r}")
 
 
 # -- the explanation ----------------------------------------------------------
@@ -155,7 +171,7 @@ class _Input:
 
     def instance(self, i: int) -> np.ndarray:
         """Instance i as HWC / HW image or [F] row."""
-        x = self.tensor.data[i]
+        x: np.ndarray = self.tensor.data[i]
         return x.transpose(1, 2, 0) if self.layout == "NCHW" else x
 
     def to_model(self, copies: np.ndarray) -> np.ndarray:
@@ -176,7 +192,7 @@ class Explainer(TransformerDataPlane):
     #: the predictor's inputs, exactly: explanations perturb what the predictor takes
     exact_inputs = True
 
-    def __init__(self, model_name: str, client: Any, *, timeout: float = 60.0, concurrency: int = 2,
+    def __init__(self, model_name: str, client: PredictorClient, *, timeout: float = 60.0, concurrency: int = 2,
                  poll_interval: float = 1.0) -> None:
         super().__init__(model_name, Transformer(), client, health_check=True, poll_interval=poll_interval)
         self.client = client
@@ -234,7 +250,7 @@ class Explainer(TransformerDataPlane):
             return rows
 
         base = np.concatenate(await _bounded(
-            [_later(score, lambda a=a: inp.tensor.data[a:a + chunk]) for a in range(0, n, chunk)], self.concurrency))
+            [_later(score, _rows(inp.tensor.data, a, a + chunk)) for a in range(0, n, chunk)], self.concurrency))
         targets = [opts.target if opts.target is not None else int(np.argmax(row)) for row in base]
         width = base.shape[1]
         if any(t >= width for t in targets):
@@ -242,8 +258,7 @@ class Explainer(TransformerDataPlane):
         maps, pictures = [], []
         for i, plan in enumerate(plans):
             # Each batch of copies is made when its call starts: memory stays at concurrency x batch copies.
-            jobs = [_later(score, lambda a=a, plan=plan: inp.to_model(plan.perturbed(a, min(a + chunk, plan.size))))
-                    for a in range(0, plan.size, chunk)]
+            jobs = [_later(score, _copies(inp, plan, a, min(a + chunk, plan.size))) for a in range(0, plan.size, chunk)]
             rows = np.concatenate(await _bounded(jobs, self.concurrency))
             t = targets[i] if width > 1 else 0
             attr = plan.attributions(base[i, t], rows[:, t])
@@ -296,6 +311,16 @@ class Explainer(TransformerDataPlane):
         return saliency.softmax(rows) if opts.score == "softmax" else rows
 
 
+def _rows(data: np.ndarray, start: int, stop: int) -> Callable[[], np.ndarray]:
+    """Rows start:stop of the request, as a batch maker for _later."""
+    return lambda: data[start:stop]
+
+
+def _copies(inp: _Input, plan: saliency.Plan, start: int, stop: int) -> Callable[[], np.ndarray]:
+    """Perturbed copies start:stop of one instance, in the model's layout, as a batch maker for _later."""
+    return lambda: inp.to_model(plan.perturbed(start, stop))
+
+
 def _later(fn: Callable[[np.ndarray], Awaitable[np.ndarray]],
            make: Callable[[], np.ndarray]) -> Callable[[], Awaitable[np.ndarray]]:
     """A job that builds its batch only when it runs."""
@@ -332,7 +357,7 @@ def _check_input(md: ModelMetadata, request: InferRequest, opts: Options) -> _In
     if tensor.datatype != spec.datatype:
         raise InvalidInput(f"input {spec.name!r} is {tensor.datatype}; model {md.name!r} expects {want}")
     shape = tuple(tensor.shape)
-    if len(shape) != len(spec.shape) or any(m >= 0 and d != m for d, m in zip(shape[1:], spec.shape[1:])):
+    if len(shape) != len(spec.shape) or any(m >= 0 and d != m for d, m in zip(shape[1:], spec.shape[1:], strict=True)):
         raise InvalidInput(f"input {spec.name!r} has shape {list(shape)}; model {md.name!r} expects {want}")
     if not shape or shape[0] < 1 or 0 in shape:
         raise InvalidInput(f"input {spec.name!r} has shape {list(shape)}: nothing to explain")
@@ -362,7 +387,7 @@ def _pick_output(md: ModelMetadata, name: str | None) -> str:
 
 # -- process ------------------------------------------------------------------
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "explainer", help="explain a predictor's model (occlusion saliency, feature ablation)",
         description="Serve model-agnostic explanations of MODEL, computed by calling the predictor at "
@@ -417,11 +442,12 @@ def main(ns: argparse.Namespace) -> int:
 def build(ns: argparse.Namespace) -> Any:
     """The explainer's Server: its data plane over a predictor client (made on the running loop:
     a gRPC channel belongs to one), and its listeners."""
-    from ..app import Server
+    from ovserve.client.predictor import PredictorClient
+
+    from ..app import Listener, Server
     from ..transports.grpc.listener import GrpcListener
     from ..transports.grpc_v2 import servicer as kserve_grpc
     from ..transports.rest.listener import RestListener
-    from ovserve.client.predictor import PredictorClient
 
     settings = process_settings(ns)
     protocol = ns.predictor_protocol or ns.protocol or "v2"
@@ -432,8 +458,8 @@ def build(ns: argparse.Namespace) -> Any:
         raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
     explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
                           concurrency=ns.max_concurrent_calls)
-    listeners: list = [(RestListener(explainer, settings.max_request_bytes, settings.max_header_bytes, backlog=512),
-                        settings.rest_port)]
+    rest = RestListener(explainer, settings.max_request_bytes, settings.max_header_bytes, backlog=512)
+    listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(explainer)],
                                        settings.max_request_bytes, settings.grpc_engine), settings.grpc_port))

@@ -83,7 +83,7 @@ class Plan:
         h, w = self.instance.shape[:2]
         total = np.zeros((h, w), dtype=np.float64)
         count = np.zeros((h, w), dtype=np.float64)
-        for (y0, y1, x0, x1), d in zip(self.masks, drops):
+        for (y0, y1, x0, x1), d in zip(self.masks, drops, strict=True):
             total[y0:y1, x0:x1] += d
             count[y0:y1, x0:x1] += 1
         return (total / np.maximum(count, 1)).astype(np.float32)
@@ -120,14 +120,16 @@ def ablation(features: np.ndarray, baseline: float | np.ndarray = 0.0) -> Plan:
 def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
-        return np.clip(np.rint(values), info.min, info.max).astype(dtype)
+        clipped: np.ndarray = np.clip(np.rint(values), info.min, info.max)
+        return clipped.astype(dtype)
     return values.astype(dtype)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=-1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
+    probabilities: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    return probabilities
 
 
 # -- the picture -------------------------------------------------------------

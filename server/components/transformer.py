@@ -36,17 +36,34 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..version import __version__
 from ovserve.common.codecs.datatypes import numpy_dtype, v2_datatype
 from ovserve.common.codecs.tensors import encoding_parameters, reply_parameters
+
 from ..dataplane import DataPlane
 from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable, Unsupported
-from ..types import (Dim, Headers, IndexEntry, InferRequest, InferResponse, ModelMetadata, PortInfo,
-                     RequestedOutput, ServerMetadata, Tensor, VersionStatus)
+from ..types import (
+    Dim,
+    Headers,
+    IndexEntry,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    PortInfo,
+    RequestedOutput,
+    ServerMetadata,
+    Tensor,
+    VersionStatus,
+)
+from ..version import __version__
+
+if TYPE_CHECKING:  # the handler's predictor; imported for its type only
+    from ovserve.client.predictor import PredictorClient
+
+_Stage = TypeVar("_Stage", InferRequest, InferResponse)
 
 log = logging.getLogger("ovserve.transformer")
 
@@ -89,7 +106,7 @@ class Transformer:
     """
 
     model_name: str = ""
-    predictor: Any = None
+    predictor: PredictorClient | None = None
 
     def preprocess(self, request: InferRequest, headers: Headers) -> InferRequest:
         return request
@@ -132,12 +149,14 @@ def load_handler(spec: str | None) -> Transformer:
                 module = importlib.import_module(target)
             except ModuleNotFoundError as exc:
                 if exc.name and target.startswith(exc.name):
-                    raise HandlerLoadError(f"--handler {spec!r}: no module named {exc.name!r} (is it on PYTHONPATH?)") from None
+                    raise HandlerLoadError(f"--handler {spec!r}: no module named {exc.name!r} "
+                                           "(is it on PYTHONPATH?)") from None
                 raise
     except HandlerLoadError:
         raise
     except Exception as exc:
-        raise HandlerLoadError(f"--handler {spec!r}: importing {target!r} failed: {type(exc).__name__}: {exc}") from None
+        raise HandlerLoadError(f"--handler {spec!r}: importing {target!r} failed: "
+                               f"{type(exc).__name__}: {exc}") from None
     klass = getattr(module, attr, None)
     if klass is None:
         raise HandlerLoadError(f"--handler {spec!r}: {target!r} has no attribute {attr!r}")
@@ -168,7 +187,7 @@ class TransformerDataPlane(DataPlane):
         self._metadata: ModelMetadata | None = None
         self._metadata_at = 0.0
         self._last_error = "not asked yet"
-        self._poller: asyncio.Task | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._watching = False  # the predictor has been asked once
         handler.model_name = model_name
         handler.predictor = predictor
@@ -290,7 +309,7 @@ class TransformerDataPlane(DataPlane):
                                f"{type(exc).__name__}: {exc}") from None
         return out
 
-    def _checked(self, stage: str, obj: Any, klass: type, attr: str) -> Any:
+    def _checked(self, stage: str, obj: object, klass: type[_Stage], attr: str) -> _Stage:
         if not isinstance(obj, klass):
             raise HandlerError(f"transformer handler {self.handler_name}.{stage} returned "
                                f"{type(obj).__name__}, expected {klass.__name__}")

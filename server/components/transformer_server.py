@@ -13,11 +13,12 @@ import logging
 import sys
 from typing import Any
 
+from ovserve.client.predictor import PROTOCOLS
+
 from ..config import ProcessSettings
 from ..errors import InvalidInput
 from ..flags import add_process_flags, boolean, process_settings
 from ..process import configure_logging, run_event_loop
-from ovserve.client.predictor import PROTOCOLS
 from .transformer import HandlerLoadError, Transformer, load_handler
 
 log = logging.getLogger("ovserve.transformer")
@@ -33,7 +34,7 @@ def _flag(p: argparse.ArgumentParser, name: str, **kw: Any) -> None:
     p.add_argument(*names, dest=name.lstrip("-"), **kw)
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "transformer",
         help="run a transformer (pre/post-processing) in front of a predictor",
@@ -44,7 +45,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
           help="the Transformer subclass: module:Class (on PYTHONPATH) or path/to/file.py:Class; "
           "default: pass requests through unchanged")
     _flag(p, "--model_name", required=True, help="the model name served (and asked of the predictor)")
-    _flag(p, "--predictor_host", required=True, help="the predictor's host or host:port (port 80, 443 with TLS, when absent)")
+    _flag(p, "--predictor_host", required=True,
+          help="the predictor's host or host:port (port 80, 443 with TLS, when absent)")
     _flag(p, "--predictor_protocol", default=None, choices=PROTOCOLS, help="protocol to the predictor (default v2)")
     _flag(p, "--protocol", default=None, choices=PROTOCOLS, help="deprecated KServe alias of --predictor_protocol")
     _flag(p, "--predictor_use_ssl", type=boolean, nargs="?", const=True, default=False,
@@ -61,11 +63,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     """The transformer's Server: its data plane over the predictor client, and its listeners."""
-    from ..app import Server
+    from ovserve.client.predictor import PredictorClient
+
+    from ..app import Listener, Server
     from ..transports.grpc.listener import GrpcListener
     from ..transports.grpc_v2 import servicer as kserve_grpc
     from ..transports.rest.listener import RestListener
-    from ovserve.client.predictor import PredictorClient
     from .transformer import TransformerDataPlane
 
     settings = process_settings(ns)
@@ -77,8 +80,8 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     except ValueError as exc:
         raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
     dp = TransformerDataPlane(ns.model_name, handler, client, health_check=ns.enable_predictor_health_check)
-    listeners: list = [(RestListener(dp, settings.max_request_bytes, settings.max_header_bytes, backlog=1024),
-                        settings.rest_port)]
+    rest = RestListener(dp, settings.max_request_bytes, settings.max_header_bytes, backlog=1024)
+    listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dp)], settings.max_request_bytes,
                                        settings.grpc_engine), settings.grpc_port))

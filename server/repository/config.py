@@ -13,7 +13,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import InvalidInput
 from ..runtime.openvino import LoadOptions
@@ -29,7 +29,7 @@ _VERSION_FOLDER = re.compile(r"[1-9][0-9]*")
 class ModelConfig:
     name: str
     base_path: Path
-    policy: VersionPolicy = VersionPolicy()
+    policy: VersionPolicy = field(default_factory=VersionPolicy)
     options: LoadOptions = field(default_factory=LoadOptions, compare=False)
     raw: str = ""  # canonical JSON of the config entry: a change means reload
     #: what the parser noticed but let pass (ignored keys), logged once when the entry is applied
@@ -69,11 +69,11 @@ MAX_NIREQ = 100_000
 MAX_COUNT = 2**31 - 1
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _count(cfg: dict, key: str, default: int, where: str, most: int = MAX_COUNT) -> int:
+def _count(cfg: dict[str, Any], key: str, default: int, where: str, most: int = MAX_COUNT) -> int:
     value = cfg.get(key, default)
     if not _is_int(value) or value < 0:
         raise InvalidInput(f"{where}: '{key}' must be a non-negative integer")
@@ -87,7 +87,7 @@ def _is_dims(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, list) and all(_is_int(d) or isinstance(d, str) for d in value))
 
 
-def _per_input(cfg: dict, key: str, default: Any, ok: Any, what: str, where: str) -> Any:
+def _per_input(cfg: dict[str, Any], key: str, default: Any, ok: Any, what: str, where: str) -> Any:
     """``cfg[key]``: one value for every input, or an object of values per input name."""
     value = cfg.get(key, default)
     if value is None or ok(value):

@@ -14,6 +14,7 @@ no versions): each is logged once, when it appears or changes, not at every poll
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ class Source(Protocol):
     def desired(self) -> list[ModelConfig]: ...
 
 
-def _fingerprint(path: Path) -> tuple:
+def _fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
     try:
         return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in path.iterdir()))
     except OSError:
@@ -55,7 +56,7 @@ class ModelVersion:
     config: ModelConfig
     status: Status = field(default_factory=Status)
     model: OpenVINOModel | None = None
-    fingerprint: tuple = ()
+    fingerprint: tuple[tuple[str, int, int], ...] = ()
     inflight: int = 0
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -91,7 +92,7 @@ class ModelManager:
         self._lock = asyncio.Lock()
         self._unloaded: set[str] = set()  # unloaded through the repository API
         self._source_problem: str | None = None  # why the source is invalid, as last logged
-        self._poller: asyncio.Task | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(
             max_workers=load_workers or min(4, (os.cpu_count() or 1) + 1), thread_name_prefix="ovserve-load"
         )
@@ -113,10 +114,8 @@ class ModelManager:
     async def stop(self) -> None:
         if self._poller:
             self._poller.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-            except asyncio.CancelledError:
-                pass
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def summary(self) -> str:
@@ -156,10 +155,7 @@ class ModelManager:
                 log.info("%s is valid again", self.source.describe())
                 self._source_problem = None
             wanted = {c.name: c for c in desired}
-            work = []
-            for name in list(self.models):
-                if name not in wanted:
-                    work.append(self._retire(name))
+            work = [self._retire(name) for name in list(self.models) if name not in wanted]
             for name, cfg in wanted.items():
                 if name not in self._unloaded:
                     work.append(self._reconcile_model(cfg))
@@ -298,7 +294,8 @@ class ModelManager:
 
     # -- the repository extension -----------------------------------------
     async def load(self, name: str) -> None:
-        desired = {c.name: c for c in await asyncio.get_running_loop().run_in_executor(self._executor, self.source.desired)}
+        configs = await asyncio.get_running_loop().run_in_executor(self._executor, self.source.desired)
+        desired = {c.name: c for c in configs}
         if name not in desired:
             raise NotFound(f"model {name!r} is not in the {self.source.describe()}")
         async with self._lock:
@@ -364,7 +361,8 @@ class ModelManager:
         if not served.versions:
             return served.note or "no versions"
         return "; ".join(
-            f"version {v} {mv.status.state.value}" + (f" ({mv.status.error_message})" if mv.status.error_message else "")
+            f"version {v} {mv.status.state.value}"
+            + (f" ({mv.status.error_message})" if mv.status.error_message else "")
             for v, mv in sorted(served.versions.items())
         )
 

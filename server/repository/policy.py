@@ -21,7 +21,7 @@ class VersionPolicy:
         return found[-self.num_versions :] if self.num_versions > 0 else []
 
     @classmethod
-    def parse(cls, raw: object, where: str) -> "VersionPolicy":
+    def parse(cls, raw: object, where: str) -> VersionPolicy:
         """Parse OVMS's ``model_version_policy`` object."""
         if raw in (None, {}):
             return cls()
@@ -39,7 +39,9 @@ class VersionPolicy:
             return cls("latest", num_versions=n)
         if kind == "specific":
             vs = body.get("versions")
-            if not isinstance(vs, list) or not vs or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vs):
+            positive = isinstance(vs, list) and all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vs)
+            if not vs or not positive:
                 raise InvalidInput(f"{where}: specific.versions must be a non-empty list of positive integers")
             return cls("specific", versions=tuple(sorted(set(vs))))
         raise InvalidInput(f"{where}: unknown model_version_policy {kind!r} (latest, specific or all)")

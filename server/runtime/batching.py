@@ -24,22 +24,27 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Awaitable
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import InternalError, InvalidInput
 
 if TYPE_CHECKING:
-    from .openvino import OpenVINOModel
+    from .openvino import OpenVINOModel, _Slot
+
+#: what every member of one batch shares: (input name, shape past the batch dimension, dtype) per input
+_Key = tuple[tuple[str, tuple[int, ...], str], ...]
+_Outputs = dict[str, np.ndarray]
 
 log = logging.getLogger(__name__)
 
 
 class _Pending:
-    __slots__ = ("inputs", "rows", "key", "future", "arrived")
+    __slots__ = ("arrived", "future", "inputs", "key", "rows")
 
-    def __init__(self, inputs: dict[str, np.ndarray], rows: int, key: tuple, future: asyncio.Future) -> None:
+    def __init__(self, inputs: dict[str, np.ndarray], rows: int, key: _Key, future: asyncio.Future[_Outputs]) -> None:
         self.inputs = inputs
         self.rows = rows
         self.key = key
@@ -47,14 +52,15 @@ class _Pending:
         self.arrived = time.perf_counter()
 
 
-def batchable(model: "OpenVINOModel", max_batch_size: int) -> str:
+def batchable(model: OpenVINOModel, max_batch_size: int) -> str:
     """Why ``model`` cannot batch up to ``max_batch_size`` rows ("" when it can)."""
     for port in model.inputs:
         if not port.dims:
             return f"input {port.name} is a scalar"
         first = port.dims[0]
         if first.static or not first.accepts(1) or not first.accepts(max_batch_size):
-            return f"input {port.name} has no dynamic batch dimension reaching {max_batch_size} (dims [{','.join(map(str, port.dims))}])"
+            dims = ",".join(map(str, port.dims))
+            return f"input {port.name} has no dynamic batch dimension reaching {max_batch_size} (dims [{dims}])"
     return ""
 
 
@@ -72,14 +78,14 @@ def batch_rows(inputs: dict[str, np.ndarray], max_batch_size: int) -> int:
 
 
 class DynamicBatcher:
-    def __init__(self, model: "OpenVINOModel", max_batch_size: int, max_queue_delay_us: int) -> None:
+    def __init__(self, model: OpenVINOModel, max_batch_size: int, max_queue_delay_us: int) -> None:
         self.model = model
         self.max_rows = max_batch_size
         self.delay = max(0, max_queue_delay_us) / 1e6
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._arrived: asyncio.Event | None = None
-        self._worker: asyncio.Task | None = None
+        self._worker: asyncio.Task[None] | None = None
         #: batches run and requests served, for logs and the benchmark
         self.batches = 0
         self.requests = 0
@@ -88,7 +94,7 @@ class DynamicBatcher:
         rows = batch_rows(inputs, self.max_rows)
         if rows > self.max_rows or rows == 0:
             return await self.model.run(inputs)
-        key = tuple((name, arr.shape[1:], arr.dtype.str) for name, arr in sorted(inputs.items()))
+        key: _Key = tuple((name, arr.shape[1:], arr.dtype.str) for name, arr in sorted(inputs.items()))
         loop = asyncio.get_running_loop()
         pending = _Pending(inputs, rows, key, loop.create_future())
         self._queue.append(pending)
@@ -157,7 +163,7 @@ class DynamicBatcher:
         self._queue = keep
         return batch
 
-    async def _run(self, slot: object, batch: list[_Pending]) -> None:
+    async def _run(self, slot: _Slot, batch: list[_Pending]) -> None:
         self.batches += 1
         self.requests += len(batch)
         if len(batch) == 1:
@@ -193,7 +199,7 @@ class DynamicBatcher:
             start = end
 
 
-def _settle(future: asyncio.Future, outputs: dict[str, np.ndarray]) -> None:
+def _settle(future: asyncio.Future[_Outputs], outputs: dict[str, np.ndarray]) -> None:
     if not future.done():
         future.set_result(outputs)
 

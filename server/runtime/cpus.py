@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -110,8 +110,8 @@ def cgroup_cpu_quota(root: Path, proc_cgroup: Path) -> float | None:
             base = root if (root / "cgroup.controllers").exists() else root / "unified"
             quota = _quota(base, rel, _v2_limit)
         elif "cpu" in controllers.split(","):
-            base = next((root / name for name in V1_CPU_MOUNTS if (root / name).is_dir()), None)
-            quota = _quota(base, rel, _v1_limit) if base is not None else None
+            mount = next((root / name for name in V1_CPU_MOUNTS if (root / name).is_dir()), None)
+            quota = _quota(mount, rel, _v1_limit) if mount is not None else None
         else:
             continue
         if quota is not None:

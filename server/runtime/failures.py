@@ -11,7 +11,7 @@ it was given. Any other failure is the server's: a 500 / INTERNAL.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import InternalError, InvalidInput, ServerError
 
@@ -41,5 +41,6 @@ def describe_shapes(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> str:
 def inference_error(exc: BaseException, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> ServerError:
     """The error a client gets for an inference OpenVINO failed, given the input shapes it ran on."""
     if _SHAPE_FAILURE.search(str(exc)):
-        return InvalidInput(f"the model cannot compute inputs of these shapes ({describe_shapes(shapes)}): {detail(exc)}")
+        return InvalidInput(f"the model cannot compute inputs of these shapes ({describe_shapes(shapes)}): "
+                            f"{detail(exc)}")
     return InternalError(f"inference failed: {detail(exc)}")

@@ -31,8 +31,9 @@ import contextlib
 import ctypes
 import importlib.abc
 import sys
+from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 #: Optional imports of the server's dependencies that it never uses (each is
 #: guarded by ``except ImportError`` / ``ModuleNotFoundError`` where it is imported).
@@ -46,7 +47,7 @@ class _Hide(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> None:
         if name in self.names:
             raise ModuleNotFoundError(f"{name} is not needed to serve models", name=name)
-        return None
+        return
 
 
 @contextlib.contextmanager

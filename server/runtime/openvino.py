@@ -13,18 +13,23 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import openvino as ov
 
 from ovserve.common.codecs.datatypes import OV_TO_V2
+
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
 from . import cpus
 from .failures import inference_error
+
+if TYPE_CHECKING:  # imported when a model batches (see load)
+    from .batching import DynamicBatcher
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,7 @@ class LoadOptions:
 def _port_name(port: Any) -> str:
     names = port.get_names()
     try:
-        return port.get_any_name()
+        return str(port.get_any_name())
     except RuntimeError:
         return sorted(names)[0] if names else f"{port.get_node().get_friendly_name()}"
 
@@ -98,7 +103,7 @@ def _per_input(value: Any, inputs: list[str]) -> dict[str, Any]:
         return dict(value)
     if len(inputs) != 1 and value is not None:
         # A single value applies to every input (OVMS applies it to the only one).
-        return {name: value for name in inputs}
+        return dict.fromkeys(inputs, value)
     return {inputs[0]: value} if inputs else {}
 
 
@@ -106,7 +111,7 @@ def _apply_options(model: ov.Model, opts: LoadOptions) -> ov.Model:
     names = [_port_name(p) for p in model.inputs]
     if opts.shape not in (None, "", "auto"):
         shapes = {n: parse_shape(s, f"shape of input {n}") for n, s in _per_input(opts.shape, names).items()}
-        model.reshape({n: s for n, s in shapes.items()})
+        model.reshape(shapes)
     if opts.batch_size not in (None, "", "auto", 0):
         try:
             batch = int(opts.batch_size)
@@ -188,12 +193,12 @@ RECOMPILE_EVERY_COMPILES = 10.0
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("request", "future", "started", "keep", "check_at", "stall_logged", "log_failure", "generation")
+    __slots__ = ("check_at", "future", "generation", "keep", "log_failure", "request", "stall_logged", "started")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
         #: set while an asynchronous inference runs on this request
-        self.future: asyncio.Future | None = None
+        self.future: asyncio.Future[dict[str, np.ndarray]] | None = None
         self.started = 0.0
         #: the arrays OpenVINO reads in place: alive until the request is done with them,
         #: even if the caller has gone away (an ov.Tensor does not keep its array alive)
@@ -216,7 +221,7 @@ class _Completions:
     finished meanwhile. Outputs are read on the loop, not on OpenVINO's threads.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, settle) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, settle: Callable[[_Slot, float], None]) -> None:
         self.loop = loop
         self._settle = settle
         self._done: list[tuple[_Slot, float]] = []
@@ -230,7 +235,8 @@ class _Completions:
             if self._pending:
                 return
             self._pending = True
-        try:
+        # try/except rather than contextlib.suppress: this runs once per inference, and the try costs nothing.
+        try:  # noqa: SIM105
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: the process is stopping
             pass
@@ -261,7 +267,7 @@ class OpenVINOModel:
         self._compiled: ov.CompiledModel | None = None
         self._slots: list[_Slot] = []
         self._idle: deque[_Slot] = deque()
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[asyncio.Future[_Slot]] = deque()
         self._completions: _Completions | None = None
         #: the next look at running inferences for failures (see CHECK_AFTER_COSTS)
         self._watch: asyncio.Handle | None = None
@@ -270,14 +276,14 @@ class OpenVINOModel:
         self._watch_due = 0.0
         #: compiling afresh after an internal failure (see RECOMPILE_EVERY_S): idle
         #: infer requests are held back meanwhile, and requests wait
-        self._recompiling: asyncio.Task | None = None
+        self._recompiling: asyncio.Task[None] | None = None
         self._recompiled_at = float("-inf")
         self._generation = 0
         self.compile_seconds = 0.0
         #: running estimate of one inference's duration (seconds); None until measured
         self.cost: float | None = None
         self.nireq = 0
-        self.batcher: Any = None
+        self.batcher: DynamicBatcher | None = None
 
     # -- loading (blocking; the repository runs it in a worker thread) -----
     def load(self) -> None:
@@ -291,7 +297,7 @@ class OpenVINOModel:
         self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
         self._idle = deque(self._slots)
         if opts.max_batch_size > 1:
-            from .batching import DynamicBatcher, batchable  # noqa: PLC0415 - only for models that batch
+            from .batching import DynamicBatcher, batchable
 
             why_not = batchable(self, opts.max_batch_size)
             if why_not:
@@ -312,7 +318,8 @@ class OpenVINOModel:
             raise
         except Exception as exc:
             raise FailedPrecondition(f"cannot apply shape/layout/batch_size: {_first_line(exc)}") from None
-        config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO") for k, v in opts.plugin_config.items()}
+        config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO")
+                  for k, v in opts.plugin_config.items()}
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
         if opts.device == "CPU" and "INFERENCE_NUM_THREADS" not in config:
             self._fit_threads_to_quota(config, cpus.cpu_budget())
@@ -338,7 +345,8 @@ class OpenVINOModel:
         try:
             datatype = OV_TO_V2[type_name]
         except KeyError:
-            raise FailedPrecondition(f"{kind} {name} has element type {type_name}, which ovserve cannot serve") from None
+            raise FailedPrecondition(f"{kind} {name} has element type {type_name}, "
+                                     "which ovserve cannot serve") from None
         layout = ""
         if kind == "input":
             ov_layout = port.get_node().get_layout()
@@ -373,7 +381,8 @@ class OpenVINOModel:
         """An idle infer request (waits for one); give it to :meth:`run_on` or :meth:`release`."""
         return self._idle.popleft() if self._idle and self._recompiling is None else await self._wait_idle()
 
-    async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray], log_failure: bool = True) -> dict[str, np.ndarray]:
+    async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray],
+                     log_failure: bool = True) -> dict[str, np.ndarray]:
         """Run ``inputs`` on an acquired infer request; the request goes back to the pool."""
         slot.log_failure = log_failure
         try:
@@ -390,7 +399,8 @@ class OpenVINOModel:
             completions = self._completions = _Completions(loop, self._settle)
             for s in self._slots:
                 s.request.set_callback(completions.on_done, s)
-        fut = slot.future = loop.create_future()
+        fut: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        slot.future = fut
         slot.started = time.perf_counter()
         try:
             slot.request.start_async()
@@ -509,10 +519,11 @@ class OpenVINOModel:
         replaced (see RECOMPILE_EVERY_S).
         """
         keep = slot.keep or []
-        err = inference_error(exc, [(p.name, tuple(a.shape)) for p, a in zip(self.inputs, keep)])
+        err = inference_error(exc, [(p.name, tuple(a.shape)) for p, a in zip(self.inputs, keep, strict=False)])
         slot.keep = None
         if slot.log_failure:
-            log.log(logging.WARNING if isinstance(err, InvalidInput) else logging.ERROR, "%s: %s", self.path, err.message)
+            level = logging.WARNING if isinstance(err, InvalidInput) else logging.ERROR
+            log.log(level, "%s: %s", self.path, err.message)
             err.logged = True
         if not isinstance(err, InvalidInput):
             self._recompile_soon()
@@ -589,7 +600,7 @@ class OpenVINOModel:
         return result
 
     async def _wait_idle(self) -> _Slot:
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[_Slot] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
             return await fut

@@ -54,7 +54,8 @@ def fetch_wheel(requirement: str, expected_sha256: str, cache: Path | None = Non
            "--disable-pip-version-check", "--no-input", "--retries", "2", "--timeout", "30"]
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         try:
-            proc = subprocess.run([*cmd, "--dest", tmp, requirement], capture_output=True, text=True, timeout=900)
+            proc = subprocess.run([*cmd, "--dest", tmp, requirement], capture_output=True, text=True, timeout=900,
+                                  check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise FetchError(f"could not run pip to download {requirement}: {exc}") from exc
         if proc.returncode != 0:

@@ -51,7 +51,7 @@ class _Weights:
     def __init__(self, state: dict[str, np.ndarray]) -> None:
         self.left = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
 
-    def take(self, key: str, shape: tuple) -> np.ndarray:
+    def take(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
         if key not in self.left:
             raise ValueError(f"the checkpoint has no {key}")
         value = self.left.pop(key).astype(np.float32)

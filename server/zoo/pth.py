@@ -25,8 +25,9 @@ import os
 import pickle
 import struct
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
@@ -53,23 +54,24 @@ class TensorRef(NamedTuple):
     """A tensor whose storage is read later (the legacy format stores it after the pickle)."""
     storage: Storage
     offset: int
-    size: tuple
-    stride: tuple
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
 
 
-def _rebuild_tensor(storage, offset, size, stride, *_ignored) -> TensorRef:
+def _rebuild_tensor(storage: Storage, offset: int, size: Sequence[int], stride: Sequence[int],
+                    *_ignored: object) -> TensorRef:
     # The trailing arguments (requires_grad, backward hooks, metadata) do not matter here.
     return TensorRef(storage, offset, tuple(size), tuple(stride))
 
 
-def _rebuild_parameter(data, *_ignored):
+def _rebuild_parameter(data: TensorRef, *_ignored: object) -> TensorRef:
     return data  # an nn.Parameter is just its tensor once loaded
 
 
 class _Unpickler(pickle.Unpickler):
     """Resolves only the names a state dict needs; anything else is an error."""
 
-    def __init__(self, file) -> None:
+    def __init__(self, file: IO[bytes]) -> None:
         super().__init__(file)
         self.dtypes: dict[str, str] = {}  # storage key -> dtype, as the pickle names them
 
@@ -100,7 +102,7 @@ def _materialize(ref: TensorRef, raw: bytes) -> np.ndarray:
     """The tensor's elements out of its storage's bytes, bounds-checked before any strided view."""
     s = ref.storage
     flat = np.frombuffer(raw, dtype=s.dtype)
-    if not (0 <= s.offset and 0 <= s.numel and s.offset + s.numel <= flat.size):
+    if not (s.offset >= 0 and s.numel >= 0 and s.offset + s.numel <= flat.size):
         raise ValueError(f"storage {s.key}: {flat.size} elements, tensor wants [{s.offset}, +{s.numel})")
     flat = flat[s.offset:s.offset + s.numel]
     size, stride = [int(v) for v in ref.size], [int(v) for v in ref.stride]
@@ -116,7 +118,7 @@ def _materialize(ref: TensorRef, raw: bytes) -> np.ndarray:
     return np.array(view)  # a contiguous, writable copy
 
 
-def _collect(obj: Any, raw_of) -> dict[str, np.ndarray]:
+def _collect(obj: Any, raw_of: Callable[[Storage], bytes]) -> dict[str, np.ndarray]:
     if not isinstance(obj, dict):
         raise ValueError(f"checkpoint holds a {type(obj).__name__}, not a state dict")
     return {str(k): _materialize(v, raw_of(v.storage)) for k, v in obj.items() if isinstance(v, TensorRef)}

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -54,16 +55,16 @@ class _LazyReflection(grpc.GenericRpcHandler):
 
     def __init__(self, services: list[str]) -> None:
         self._services = services
-        self._handlers: list = []
+        self._handlers: list[grpc.GenericRpcHandler] = []
 
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
         if not str(details.method).startswith(f"/{REFLECTION_SERVICE}/"):
             return None
         if not self._handlers:
             from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
             servicer = reflection.aio.ReflectionServicer(self._services)
-            reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, self)  # type: ignore[arg-type]
+            reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, self)
         for handler in self._handlers:
             found = handler.service(details)
             if found is not None:
@@ -71,10 +72,10 @@ class _LazyReflection(grpc.GenericRpcHandler):
         return None
 
     # the two calls add_ServerReflectionServicer_to_server makes on the "server" it is given
-    def add_generic_rpc_handlers(self, handlers: tuple) -> None:
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
         self._handlers.extend(handlers)
 
-    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         pass
 
 
@@ -89,7 +90,7 @@ def make_server(engine: str, options: list[tuple[str, Any]]) -> grpc.aio.Server:
             raise InvalidInput(
                 "--grpc-engine native needs the pygrpc-native package: pip install 'ovserve[grpc-native]'"
             ) from exc
-        return pygrpc_native.aio.server(options=options)  # type: ignore[return-value]
+        return pygrpc_native.aio.server(options=options)
     raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINES)}")
 
 

@@ -1,13 +1,12 @@
 """Protobuf <-> neutral types. Protobuf messages never leave this module and the servicer."""
 from __future__ import annotations
 
-import numpy as np
-
-from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.codecs.datatypes import numpy_dtype
-from ...errors import InvalidInput
+from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
+
+from ...errors import InvalidInput
 from ...types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
 
 
@@ -64,10 +63,12 @@ def response_to_pb(resp: InferResponse, typed: bool) -> pb.ModelInferResponse:
         if params:
             params_to_pb(tensor.parameters, params)
         if typed:
-            values = t.data.reshape(-1)
+            flat = t.data.reshape(-1)
+            field = getattr(tensor.contents, CONTENTS_FIELD[t.datatype])
             if t.datatype == "BYTES":
-                values = [bytes(v) if not isinstance(v, str) else v.encode() for v in values]
-            getattr(tensor.contents, CONTENTS_FIELD[t.datatype]).extend(values.tolist() if isinstance(values, np.ndarray) else values)
+                field.extend([bytes(v) if not isinstance(v, str) else v.encode() for v in flat])
+            else:
+                field.extend(flat.tolist())
         else:
             out.raw_output_contents.append(to_raw(t.data, t.datatype))
     return out

@@ -7,12 +7,14 @@ keeps the stream open.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from ovserve.common.proto import grpc_predict_v2_pb2 as pb
+from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
 from ...errors import ServerError
-from ovserve.common.proto import grpc_predict_v2_pb2 as pb
-from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ..grpc.calls import Servicer, in_band, status_of, unary
 from ..grpc.listener import Service
 from . import converters
@@ -89,7 +91,7 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
             self.in_flight.enter()  # the whole stream counts as one call in flight
         except ServerError as exc:
             await context.abort(status_of(exc), exc.message)
-        pending: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
+        pending: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
 
         async def one(msg: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
             try:
@@ -121,12 +123,14 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     @unary
-    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any) -> pb.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: Any) -> pb.RepositoryModelLoadResponse:
         await self.dp.load_model(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     @unary
-    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any) -> pb.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: Any) -> pb.RepositoryModelUnloadResponse:
         await self.dp.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 

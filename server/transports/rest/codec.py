@@ -7,7 +7,7 @@ bytes followed by the tensors' bytes in input order; an input with
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -15,13 +15,14 @@ import simdjson
 
 from ovserve.common.codecs.datatypes import V2_TO_NUMPY, numpy_dtype
 from ovserve.common.codecs.tensors import check_shape, from_numbers, from_raw, from_values, reply_parameters, to_raw
+
 from ...errors import InvalidInput
-from ...types import InferRequest, InferResponse, RequestedOutput, Tensor
+from ...types import InferRequest, InferResponse, PortInfo, RequestedOutput, Tensor
 
 HEADER = "inference-header-content-length"
 
 
-def _int_param(params: dict, key: str, where: str) -> int | None:
+def _int_param(params: dict[str, Any], key: str, where: str) -> int | None:
     if key not in params:
         return None
     value = params[key]
@@ -30,7 +31,7 @@ def _int_param(params: dict, key: str, where: str) -> int | None:
     return value
 
 
-def _object(value: Any, where: str) -> dict:
+def _object(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -38,7 +39,7 @@ def _object(value: Any, where: str) -> dict:
     return value
 
 
-def parse_json(body: bytes | memoryview, where: str = "request body") -> Any:
+def parse_json(body: bytes | bytearray | memoryview, where: str = "request body") -> Any:
     if not len(body):
         raise InvalidInput(f"{where} is empty; expected a JSON object")
     try:
@@ -53,8 +54,10 @@ def parse_json(body: bytes | memoryview, where: str = "request body") -> Any:
 #: go through orjson, which is quicker to start.
 LARGE_JSON = 64 * 1024
 #: simdjson's buffer type for each datatype family (d: float64, i: int64, u: uint64).
-_BUFFER_TYPE = {"FP16": "d", "FP32": "d", "FP64": "d", "INT8": "i", "INT16": "i", "INT32": "i",
-                "INT64": "i", "UINT8": "u", "UINT16": "u", "UINT32": "u", "UINT64": "u"}
+_BUFFER_TYPE: dict[str, Literal["d", "i", "u"]] = {
+    "FP16": "d", "FP32": "d", "FP64": "d", "INT8": "i", "INT16": "i", "INT32": "i",
+    "INT64": "i", "UINT8": "u", "UINT16": "u", "UINT32": "u", "UINT64": "u"}
+_BUFFER_DTYPE = {"d": np.float64, "i": np.int64, "u": np.uint64}
 
 
 def _plain(value: Any) -> Any:
@@ -66,12 +69,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _numbers(data: "simdjson.Array", datatype: Any) -> Any:
+def _numbers(data: simdjson.Array, datatype: Any) -> Any:
     """A flat JSON array of numbers as a numpy array, or the plain list when it is not one."""
     kind = _BUFFER_TYPE.get(datatype) if isinstance(datatype, str) else None
     if kind is not None:
         try:
-            arr = np.frombuffer(data.as_buffer(of_type=kind), dtype={"d": np.float64, "i": np.int64, "u": np.uint64}[kind])
+            arr = np.frombuffer(data.as_buffer(of_type=kind), dtype=_BUFFER_DTYPE[kind])
         except (TypeError, ValueError):  # not all numbers of that kind: the exact path decides
             arr = None
         if arr is not None and arr.size == len(data):  # flat (a nested array would flatten)
@@ -93,24 +96,30 @@ def parse_request_json(body: memoryview, where: str = "request body") -> Any:
     if not isinstance(doc, simdjson.Object):
         return _plain(doc)
     out = {}
-    for key in doc.keys():
+    for key in doc:
         value = doc[key]
         if key == "inputs" and isinstance(value, simdjson.Array):
-            items = []
+            items: list[Any] = []
             for item in value:
-                if isinstance(item, simdjson.Object):
-                    fields = {k: _plain(item[k]) for k in item.keys() if k != "data"}
-                    if "data" in item:
-                        data = item["data"]
-                        fields["data"] = _numbers(data, fields.get("datatype")) if isinstance(data, simdjson.Array) else data
-                    item = fields
-                items.append(_plain(item))
-            value = items
-        out[key] = _plain(value)
+                if not isinstance(item, simdjson.Object):
+                    items.append(_plain(item))
+                    continue
+                fields = {k: _plain(item[k]) for k in item if k != "data"}
+                if "data" in item:
+                    data = item["data"]
+                    if isinstance(data, simdjson.Array):
+                        fields["data"] = _numbers(data, fields.get("datatype"))
+                    else:
+                        fields["data"] = data
+                items.append(fields)
+            out[key] = items
+        else:
+            out[key] = _plain(value)
     return out
 
 
-def decode_infer_request(model_name: str, version: str, body: bytes | bytearray, header_length: str | None) -> InferRequest:
+def decode_infer_request(model_name: str, version: str, body: bytes | bytearray,
+                         header_length: str | None) -> InferRequest:
     view = memoryview(body)
     if header_length is not None:
         try:
@@ -118,7 +127,8 @@ def decode_infer_request(model_name: str, version: str, body: bytes | bytearray,
             if json_len < 0:
                 raise ValueError
         except ValueError:
-            raise InvalidInput(f"Inference-Header-Content-Length must be a non-negative integer, got {header_length!r}") from None
+            raise InvalidInput("Inference-Header-Content-Length must be a non-negative integer, "
+                               f"got {header_length!r}") from None
         if json_len > len(view):
             raise InvalidInput(
                 f"Inference-Header-Content-Length {json_len} is larger than the body ({len(view)} bytes)"
@@ -196,7 +206,8 @@ def decode_infer_request(model_name: str, version: str, body: bytes | bytearray,
     )
 
 
-def decode_headerless(model_name: str, version: str, body: bytes | bytearray, specs: list) -> InferRequest:
+def decode_headerless(model_name: str, version: str, body: bytes | bytearray,
+                      specs: list[PortInfo]) -> InferRequest:
     """Inference-Header-Content-Length 0: the whole body is the model's only input.
 
     A BYTES input, or a 4-D input whose batch-1 raw size the body does not
@@ -255,7 +266,8 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
                 out["parameters"] = params
             out["data"] = _json_data(tensor)
         outputs.append(out)
-    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version, "outputs": outputs}
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version,
+                           "outputs": outputs}
     if response.id:
         doc["id"] = response.id
     if response.parameters:

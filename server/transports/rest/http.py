@@ -56,7 +56,8 @@ async def read_body(request: Request, limit: int) -> bytearray:
 
 
 def dataplane(request: Request) -> DataPlane:
-    return request.app.state.dataplane
+    plane: DataPlane = request.app.state.dataplane  # set by transports/rest/app.py
+    return plane
 
 
 def json_response(content: object, status: int = 200) -> JSON:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -55,11 +56,12 @@ class RestListener:
         self.backlog = backlog
         self._sock: socket.socket | None = None
         self._server: _Uvicorn | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def bind(self, host: str, port: int, credentials: Any = None) -> int:
         self._sock = bind_socket(host, port, self.backlog)
-        return self._sock.getsockname()[1]
+        bound: int = self._sock.getsockname()[1]
+        return bound
 
     async def start(self) -> None:
         """Serve the bound socket in a task; return once uvicorn accepts connections (raise if it stopped)."""

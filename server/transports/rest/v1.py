@@ -1,6 +1,8 @@
 """KServe V1 REST endpoints: liveness, list, model status, :predict and :explain."""
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -9,9 +11,9 @@ from starlette.routing import Route
 from ...codecs import v1
 from ...errors import InvalidInput, Unavailable
 from ...types import TensorSpec
+from .codec import parse_json
 from .explain import explanation_response, v1_explanation
 from .http import dataplane, error_response, json_response, read_body
-from .codec import parse_json
 
 
 async def live(request: Request) -> Response:
@@ -49,7 +51,7 @@ async def _specs(request: Request, name: str) -> list[TensorSpec]:
         return []
 
 
-async def _v1_request(request: Request) -> tuple[str, dict]:
+async def _v1_request(request: Request) -> tuple[str, dict[str, Any]]:
     name = request.path_params["model"]
     doc = parse_json(await read_body(request, request.app.state.max_request_bytes))
     if not isinstance(doc, dict):
