@@ -5,7 +5,7 @@
 # Usage: bash scripts/checks.sh [ruff|mypy|imports ...]   (default: all three)
 # Needs the [dev] extra in .venv (scripts/test.sh installs it; or: .venv/bin/pip install -e '.[test,dev]').
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 bin=$root/.venv/bin
 
