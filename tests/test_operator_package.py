@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from .imports import absolute_imports
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,20 +62,6 @@ def test_builders_are_free_of_frameworks() -> None:
     for name in ("names.py", "storage_uri.py", "config.py", "manifests.py", "pods.py", "status.py", "validation.py"):
         assert not imported(ROOT / "operator" / name) - {"__future__", "copy", "posixpath", "re", "dataclasses",
                                                           "urllib", "typing"}, name
-
-
-def absolute_imports(path: Path, package: str) -> set[str]:
-    """Every module ``path`` (in ``package``) imports, relative imports resolved, lazy ones included."""
-    parts = package.split(".")
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
-            module = ".".join(p for p in (base, node.module or "") if p)
-            out |= {module} | {f"{module}.{a.name}" for a in node.names}
-    return out
 
 
 def test_the_server_package_never_imports_the_operator() -> None:

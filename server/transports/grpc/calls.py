@@ -72,6 +72,15 @@ class Servicer:
         self.in_flight = InFlight()
 
 
+async def enter(in_flight: InFlight, context: Any) -> None:
+    """Count a call in flight, or end it UNAVAILABLE once the server is shutting down. A method that
+    manages its own call (a bidirectional stream answering in-band) pairs it with ``in_flight.leave()``."""
+    try:
+        in_flight.enter()
+    except ServerError as exc:
+        await context.abort(status_of(exc), exc.message)
+
+
 async def _abort(context: Any, exc: BaseException, method: str) -> None:
     if isinstance(exc, ServerError):
         await context.abort(status_of(exc), exc.message)
@@ -84,10 +93,7 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
     @functools.wraps(fn)
     async def call(self: Servicer, request: Any, context: Any) -> Any:
-        try:
-            self.in_flight.enter()
-        except ServerError as exc:
-            await context.abort(status_of(exc), exc.message)
+        await enter(self.in_flight, context)
         try:
             return await fn(self, request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -106,10 +112,7 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
 
     @functools.wraps(fn)
     async def call(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
-        try:
-            self.in_flight.enter()
-        except ServerError as exc:
-            await context.abort(status_of(exc), exc.message)
+        await enter(self.in_flight, context)
         try:
             async for reply in fn(self, request, context):
                 yield reply

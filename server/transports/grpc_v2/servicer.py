@@ -14,8 +14,7 @@ from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
-from ...errors import ServerError
-from ..grpc.calls import Servicer, in_band, status_of, unary
+from ..grpc.calls import Servicer, enter, in_band, unary
 from ..grpc.listener import Service
 from . import converters
 
@@ -87,10 +86,7 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        try:
-            self.in_flight.enter()  # the whole stream counts as one call in flight
-        except ServerError as exc:
-            await context.abort(status_of(exc), exc.message)
+        await enter(self.in_flight, context)  # the whole stream counts as one call in flight
         pending: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
 
         async def one(msg: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
