@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from ovserve.common.errors import (
+    AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
     InternalError,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    PermissionDenied,
     ServerError,
     Unavailable,
     Unsupported,
@@ -55,6 +57,14 @@ class PredictorFailedPrecondition(PredictorError, FailedPrecondition):
     pass
 
 
+class PredictorAlreadyExists(PredictorError, AlreadyExists):
+    pass
+
+
+class PredictorPermissionDenied(PredictorError, PermissionDenied):
+    pass
+
+
 class PredictorUnsupported(PredictorError, Unsupported):
     pass
 
@@ -69,7 +79,7 @@ class PredictorInternal(PredictorError, InternalError):
 
 _CLASSES: tuple[type[PredictorError], ...] = (
     PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
-    PredictorFailedPrecondition, PredictorUnsupported, PredictorTimeout, PredictorInternal)
+    PredictorFailedPrecondition, PredictorAlreadyExists, PredictorPermissionDenied, PredictorUnsupported, PredictorTimeout, PredictorInternal)
 #: the predictor's HTTP status or gRPC code -> the class with that row in the error table
 _BY_HTTP: dict[int, type[PredictorError]] = {statuses(c)[0]: c for c in _CLASSES}
 _BY_GRPC: dict[str, type[PredictorError]] = ({statuses(c)[1]: c for c in _CLASSES}

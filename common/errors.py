@@ -43,6 +43,15 @@ class FailedPrecondition(ServerError):
     """The request is valid but the model cannot honour it (e.g. compile failure)."""
 
 
+class AlreadyExists(ServerError):
+    """What the request would create exists already (a model name and version registered twice)."""
+
+
+class PermissionDenied(ServerError):
+    """The server is configured not to allow this (registration without --ts-model-api, a URL outside
+    the allow-list)."""
+
+
 class Unsupported(ServerError):
     """A feature ovserve does not implement."""
 
@@ -62,6 +71,8 @@ _TABLE: dict[type[ServerError], tuple[int, str]] = {
     Unavailable: (503, "UNAVAILABLE"),
     PayloadTooLarge: (413, "RESOURCE_EXHAUSTED"),
     FailedPrecondition: (412, "FAILED_PRECONDITION"),
+    AlreadyExists: (409, "ALREADY_EXISTS"),
+    PermissionDenied: (403, "PERMISSION_DENIED"),
     Unsupported: (501, "UNIMPLEMENTED"),
     DeadlineExceeded: (504, "DEADLINE_EXCEEDED"),
     InternalError: (500, "INTERNAL"),

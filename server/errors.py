@@ -8,12 +8,14 @@ from __future__ import annotations
 from ovserve.common.errors import (
     GRPC_STATUS,
     HTTP_STATUS,
+    AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
     InternalError,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    PermissionDenied,
     ServerError,
     Unavailable,
     Unsupported,
@@ -23,5 +25,6 @@ from ovserve.common.errors import (
 )
 
 __all__ = ["ServerError", "InvalidInput", "NotFound", "Unavailable", "PayloadTooLarge", "FailedPrecondition",
+           "AlreadyExists", "PermissionDenied",
            "Unsupported", "DeadlineExceeded", "InternalError", "HTTP_STATUS", "GRPC_STATUS", "statuses",
            "http_status", "grpc_status"]

@@ -12,6 +12,8 @@ EXPECTED = [
     (errors.Unavailable, 503, grpc.StatusCode.UNAVAILABLE),
     (errors.PayloadTooLarge, 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.FailedPrecondition, 412, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.AlreadyExists, 409, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.PermissionDenied, 403, grpc.StatusCode.PERMISSION_DENIED),
     (errors.Unsupported, 501, grpc.StatusCode.UNIMPLEMENTED),
     (errors.DeadlineExceeded, 504, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.InternalError, 500, grpc.StatusCode.INTERNAL),
