@@ -1,0 +1,1 @@
+"""``ts.handler_utils``: the helpers TorchServe gives handlers."""

@@ -1,0 +1,1 @@
+"""``ts.utils``: TorchServe's torch-free utilities that handlers import."""
