@@ -10,6 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from ovserve.operator.names import PROTOCOL_VERSIONS
+
 from .crd import CRD, ROOT, VALIDATOR, crd, schema
 
 CHART_CRD = ROOT / "charts/ovserve/crds/serving.kserve.io_inferenceservices.yaml"
@@ -111,4 +113,6 @@ def test_every_documented_field_is_in_the_schema() -> None:
               "nodeSelector", "tolerations", "timeout", "labels", "annotations"}
     for component in ("predictor", "transformer", "explainer"):
         assert common <= spec[component]["properties"].keys(), component
-    assert spec["predictor"]["properties"]["model"]["properties"]["protocolVersion"]["enum"] == ["v1", "v2", "grpc-v2"]
+    # the values KServe knows, as the operator's validation takes them (grpc-v1: TorchServe's gRPC API)
+    assert spec["predictor"]["properties"]["model"]["properties"]["protocolVersion"]["enum"] == \
+        list(PROTOCOL_VERSIONS) == ["v1", "v2", "grpc-v1", "grpc-v2"]
