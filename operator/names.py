@@ -23,11 +23,18 @@ CONTAINER_NAME = "kserve-container"
 MODEL_MOUNT = "/mnt/models"
 
 
+#: ``protocolVersion`` values KServe knows (its ``InferenceServiceProtocol``). ovserve serves v1, v2 and
+#: grpc-v2 on every predictor; grpc-v1 is also the name KServe's TorchServe runtime gave TorchServe's own
+#: gRPC API (its releases 0.9 to 0.11 list it), and asks for the TorchServe listener below.
+PROTOCOL_VERSIONS = ("v1", "v2", "grpc-v1", "grpc-v2")
+GRPC_H2C = "kubernetes.io/h2c"  # a Service port's appProtocol for gRPC: HTTP/2 without TLS (as KServe sets it)
+
+
 @dataclass(frozen=True)
 class Listener:
     """How one listener of the ovserve server shows in its pod and Service."""
 
-    #: the container and Service port's name (``h2c``: HTTP/2 without TLS, how gRPC is marked)
+    #: the container and Service port's name (unique in the pod; ``h2c``/``grpc*`` tell gRPC to KServe and Istio)
     port_name: str
     #: its container port unless the spec says otherwise
     default: int
@@ -36,16 +43,32 @@ class Listener:
     #: the `ovserve serve` flag that moves it
     flag: str
     app_protocol: str | None = None
+    #: the predictor's ``protocolVersion`` that turns it on; None: every ovserve predictor has it. The
+    #: server keeps such a listener off without its flag, so the pod always passes it.
+    protocol: str | None = None
+    #: the scheme ``ovserve run`` prints its address with
+    scheme: str = "http"
+    #: what messages call it
+    title: str = "REST"
 
 
 #: The server's listeners by the names it logs them under (``rest listening on ...``, ``ovserve.server.ports``),
-#: in the order of a pod's ports. A new listener of the server (TorchServe's, metrics) is a row here.
+#: in the order of a pod's ports. A new listener of the server (metrics, say) is a row here.
 LISTENERS = {
     "rest": Listener("http", 8080, 80, "--rest-port"),
-    "grpc": Listener("h2c", 8081, 8081, "--grpc-port", "kubernetes.io/h2c"),
+    "grpc": Listener("h2c", 8081, 8081, "--grpc-port", GRPC_H2C, scheme="grpc", title="gRPC"),
+    # TorchServe's gRPC inference API at TorchServe's own port (its grpc_inference_port, 7070): a
+    # TorchServe client keeps its port. Its Service port is 7070 too, as KServe gives every port after the first.
+    "ts-inference": Listener("grpc-ts", 7070, 7070, "--ts-inference-port", GRPC_H2C, protocol="grpc-v1",
+                             scheme="torchserve-grpc", title="TorchServe gRPC"),
 }
 REST_PORT = LISTENERS["rest"].default
 GRPC_PORT = LISTENERS["grpc"].default
+
+
+def listeners_for(protocol: str | None) -> list[str]:
+    """The listeners an ovserve predictor with this ``protocolVersion`` has, in the order of its ports."""
+    return [name for name, listener in LISTENERS.items() if listener.protocol in (None, protocol)]
 
 
 def child_name(isvc_name: str, component: str) -> str:

@@ -23,21 +23,28 @@ def is_ovserve(spec: dict[str, Any]) -> bool:
     return bool(spec.get("model")) and not spec.get("containers")
 
 
-def _grpc_name(port: dict[str, Any]) -> bool:
-    return str(port.get("name", "")).startswith(("h2c", "grpc"))
+def listener_of(port: dict[str, Any]) -> str:
+    """The listener a declared container port is for: the one whose port name it has (``grpc-ts``: the
+    TorchServe port), else gRPC when named ``h2c``/``grpc*`` (as KServe tells gRPC ports), else REST."""
+    name = str(port.get("name", ""))
+    for listener, row in n.LISTENERS.items():
+        if name == row.port_name:
+            return listener
+    return "grpc" if name.startswith(("h2c", "grpc")) else "rest"
 
 
 def serving_ports(spec: dict[str, Any], component: str) -> dict[str, int]:
     """The component's main container's ports by listener name (``rest``, and ``grpc`` when it has one):
-    an ovserve server's every listener at its default port unless its ``ports`` say otherwise."""
+    an ovserve server's every listener (those its ``protocolVersion`` asks for) at its default port unless
+    its ``ports`` say otherwise."""
     if component == "predictor" and is_ovserve(spec):
         declared = spec["model"].get("ports") or []
-        out = {name: listener.default for name, listener in n.LISTENERS.items()}
+        out = {name: n.LISTENERS[name].default for name in n.listeners_for(spec["model"].get("protocolVersion"))}
     else:
         declared = (spec.get("containers") or [{}])[0].get("ports") or []
         out = {"rest": n.REST_PORT}
     for port in declared:
-        out["grpc" if _grpc_name(port) else "rest"] = port["containerPort"]
+        out[listener_of(port)] = port["containerPort"]
     return out
 
 
@@ -81,7 +88,8 @@ def ovserve_container(isvc: dict[str, Any],
     ports = serving_ports(isvc["spec"]["predictor"], "predictor")
     args = ["serve", "--model-name", isvc["metadata"]["name"], "--model-path", model_path]
     for name, port in ports.items():
-        if port != n.LISTENERS[name].default:
+        # an optional listener (TorchServe's) is off in the server without its flag: always passed
+        if port != n.LISTENERS[name].default or n.LISTENERS[name].protocol:
             args += [n.LISTENERS[name].flag, str(port)]
     container: dict[str, Any] = {
         "name": model.get("name") or n.CONTAINER_NAME, "image": model.get("image") or cfg.image,

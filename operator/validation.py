@@ -202,5 +202,36 @@ def _predictor(spec: dict[str, Any]) -> None:
     _ports(model, where)
     _mapping(model, "resources", f"{where}.resources")
     _choice(model, "imagePullPolicy", f"{where}.imagePullPolicy", PULL_POLICIES)
-    if len({p.get("containerPort") for p in model.get("ports") or []}) > 2:
-        raise Invalid(f"{where}.ports", "at most two ports: REST and gRPC (named h2c or grpc)")
+    protocol = _typed(model, "protocolVersion", str, f"{where}.protocolVersion")
+    if protocol is not None and protocol not in n.PROTOCOL_VERSIONS:
+        raise Invalid(f"{where}.protocolVersion", f"{protocol!r} is not a protocol KServe knows "
+                      f"({', '.join(n.PROTOCOL_VERSIONS)}); every ovserve predictor serves v1, v2 and grpc-v2, "
+                      "and grpc-v1 adds TorchServe's gRPC inference API")
+    _listener_ports(spec, model, where)
+
+
+def _listener_ports(spec: dict[str, Any], model: dict[str, Any], where: str) -> None:
+    """Each declared port moves one listener the predictor has, and no two listeners share a port (the
+    server could not bind the second)."""
+    have = n.listeners_for(model.get("protocolVersion"))
+    moved: dict[str, int] = {}
+    for i, port in enumerate(model.get("ports") or []):
+        listener = pods.listener_of(port)
+        row = n.LISTENERS[listener]
+        if listener not in have:
+            raise Invalid(f"{where}.ports[{i}].name", f"{port.get('name')!r} names the {row.title} port, "
+                          f"which only protocolVersion {row.protocol} has")
+        if listener in moved:
+            raise Invalid(f"{where}.ports[{i}]", f"a second {row.title} port (ports[{moved[listener]}] is one); "
+                          f"{_PORT_NAMING}")
+        moved[listener] = i
+    taken: dict[int, str] = {}
+    for listener, number in pods.serving_ports(spec, "predictor").items():
+        if number in taken:
+            raise Invalid(f"{where}.ports", f"the {n.LISTENERS[taken[number]].title} and "
+                          f"{n.LISTENERS[listener].title} ports are both {number}; {_PORT_NAMING}")
+        taken[number] = listener
+
+
+_PORT_NAMING = ("a port named h2c or grpc* is the gRPC port, one named grpc-ts the TorchServe gRPC port "
+                "(protocolVersion grpc-v1), any other the REST port")

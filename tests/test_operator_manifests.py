@@ -44,6 +44,7 @@ CHILDREN = {
                   (S, "income-explainer"), (S, "income")},
     "autoscale": {(D, "busy-predictor"), (S, "busy-predictor"), (H, "busy-predictor"), (S, "busy")},
     "custom": {(D, "custom-predictor"), (S, "custom-predictor"), (S, "custom")},
+    "torchserve": {(D, "pets-predictor"), (S, "pets-predictor"), (S, "pets")},
 }
 POD = "spec.template.spec"
 SERVER = f"{POD}.containers[0]"
@@ -113,6 +114,24 @@ FACTS = [
     ("custom", (D, "custom-predictor"), f"{SERVER}.readinessProbe", {"httpGet": {"path": "/ready", "port": 8080}}),
     ("custom", (D, "custom-predictor"), f"{SERVER}.image", "example.com/my-server:3"),
     ("custom", (S, "custom-predictor"), "spec.ports", [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]),
+    # protocolVersion grpc-v1: TorchServe's gRPC inference API at TorchServe's port, always turned on by its flag
+    # (the server has it off without), before the user's args; the KServe ports and probes as for every predictor
+    ("torchserve", (D, "pets-predictor"), f"{SERVER}.args",
+     ["serve", "--model-name", "pets", "--model-path", "/mnt/models", "--ts-inference-port", "7070", "--nireq", "4"]),
+    ("torchserve", (D, "pets-predictor"), f"{SERVER}.ports",
+     [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
+      {"name": "h2c", "containerPort": 8081, "protocol": "TCP"},
+      {"name": "grpc-ts", "containerPort": 7070, "protocol": "TCP"}]),
+    ("torchserve", (D, "pets-predictor"), f"{SERVER}.readinessProbe.httpGet",
+     {"path": "/v2/health/ready", "port": "http"}),
+    ("torchserve", (D, "pets-predictor"), f"{SERVER}.startupProbe.httpGet",
+     {"path": "/v2/health/ready", "port": "http"}),
+    ("torchserve", (S, "pets-predictor"), "spec.ports",
+     [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080},
+      {"name": "h2c", "protocol": "TCP", "port": 8081, "targetPort": 8081, "appProtocol": "kubernetes.io/h2c"},
+      {"name": "grpc-ts", "protocol": "TCP", "port": 7070, "targetPort": 7070, "appProtocol": "kubernetes.io/h2c"}]),
+    ("torchserve", (S, "pets"), "spec.ports[2]",
+     {"name": "grpc-ts", "protocol": "TCP", "port": 7070, "targetPort": 7070, "appProtocol": "kubernetes.io/h2c"}),
 ]
 
 
@@ -190,6 +209,42 @@ def test_user_wiring_flags_win_in_dashed_spelling_too() -> None:
     isvc["spec"]["transformer"]["containers"][0]["args"] = ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
     deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}[(D, "classifier-transformer")]
     assert dig(deployment, f"{SERVER}.args") == ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
+
+
+@pytest.mark.parametrize("protocol", [None, "v1", "v2", "grpc-v2"])
+def test_only_grpc_v1_gets_the_torchserve_port(protocol: str | None) -> None:
+    isvc = load("torchserve")
+    isvc["spec"]["predictor"]["model"]["protocolVersion"] = protocol
+    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    container = dig(kids[(D, "pets-predictor")], SERVER)
+    assert "--ts-inference-port" not in container["args"]
+    assert [p["name"] for p in container["ports"]] == ["http", "h2c"]
+    assert [p["port"] for p in dig(kids[(S, "pets-predictor")], "spec.ports")] == [80, 8081]
+
+
+def test_the_torchserve_port_moves_with_a_port_named_grpc_ts() -> None:
+    isvc = load("torchserve")
+    isvc["spec"]["predictor"]["model"]["ports"] = [{"name": "grpc-ts", "containerPort": 7080},
+                                                   {"name": "h2c", "containerPort": 9000}]
+    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    container = dig(kids[(D, "pets-predictor")], SERVER)
+    assert container["args"][5:9] == ["--grpc-port", "9000", "--ts-inference-port", "7080"]
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", 8080), ("h2c", 9000),
+                                                                            ("grpc-ts", 7080)]
+    # the Service keeps TorchServe's port for its clients, as it keeps 8081 for V2 gRPC
+    assert [(p["name"], p["port"], p["targetPort"]) for p in dig(kids[(S, "pets-predictor")], "spec.ports")] == [
+        ("http", 80, 8080), ("h2c", 8081, 9000), ("grpc-ts", 7070, 7080)]
+    for child in kids.values():
+        kubernetes_validate.validate(child, "1.31", strict=True)
+
+
+def test_a_transformer_in_front_leaves_the_torchserve_port_on_the_predictor() -> None:
+    isvc = load("torchserve")
+    isvc["spec"]["transformer"] = load("transformer")["spec"]["transformer"]
+    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    assert [p["port"] for p in dig(kids[(S, "pets-predictor")], "spec.ports")] == [80, 8081, 7070]
+    # the entry Service is the transformer's: TorchServe's API is the predictor's
+    assert [p["port"] for p in dig(kids[(S, "pets")], "spec.ports")] == [80]
 
 
 def test_stale_children() -> None:

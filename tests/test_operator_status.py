@@ -256,6 +256,9 @@ INVALID = [
     ("predictor", "spec.predictor.volumes", [{"name": "ovserve-models", "emptyDir": {}}], "spec.predictor.volumes[0].name"),
     ("explainer", "spec.explainer.alibi", {"type": "AnchorTabular"}, "spec.explainer.alibi"),
     ("transformer", "spec.transformer.containers", [], "spec.transformer.containers"),
+    ("predictor", "spec.predictor.model.protocolVersion", "v3", "spec.predictor.model.protocolVersion"),
+    ("predictor", "spec.predictor.model.protocolVersion", "", "spec.predictor.model.protocolVersion"),
+    ("predictor", "spec.predictor.model.protocolVersion", 2, "spec.predictor.model.protocolVersion"),
 ]
 
 
@@ -268,6 +271,56 @@ def test_invalid_specs_name_the_field(stem: str, path: str, value: object, field
         validation.check(isvc)
     assert err.value.field == field
     assert str(err.value).startswith(field + ": ")
+
+
+@pytest.mark.parametrize("protocol", ["v1", "v2", "grpc-v1", "grpc-v2"])
+def test_every_protocol_kserve_knows_is_accepted(protocol: str) -> None:
+    validation.check(mutate("predictor", "spec.predictor.model.protocolVersion", protocol))
+
+
+def test_an_unknown_protocol_says_which_are_known() -> None:
+    with pytest.raises(validation.Invalid) as err:
+        validation.check(mutate("predictor", "spec.predictor.model.protocolVersion", "grpc-v3"))
+    assert str(err.value) == (
+        "spec.predictor.model.protocolVersion: 'grpc-v3' is not a protocol KServe knows (v1, v2, grpc-v1, grpc-v2); "
+        "every ovserve predictor serves v1, v2 and grpc-v2, and grpc-v1 adds TorchServe's gRPC inference API")
+
+
+# (protocolVersion, model.ports, field, words of the message): each declared port moves one listener the
+# predictor has, and no two listeners share a container port (the server could not bind the second)
+BAD_PORTS = [
+    ("v2", [{"name": "grpc-ts", "containerPort": 7070}], "spec.predictor.model.ports[0].name",
+     "'grpc-ts' names the TorchServe gRPC port, which only protocolVersion grpc-v1 has"),
+    ("grpc-v1", [{"name": "grpc-ts", "containerPort": 7070}, {"name": "grpc-ts", "containerPort": 7071}],
+     "spec.predictor.model.ports[1]", "a second TorchServe gRPC port (ports[0] is one)"),
+    ("v2", [{"name": "http", "containerPort": 9080}, {"name": "metrics", "containerPort": 9090}],
+     "spec.predictor.model.ports[1]", "a second REST port (ports[0] is one)"),
+    ("grpc-v1", [{"name": "h2c", "containerPort": 7070}], "spec.predictor.model.ports",
+     "the gRPC and TorchServe gRPC ports are both 7070"),  # KServe's TorchServe sample names 7070 h2c
+    ("v2", [{"name": "http", "containerPort": 8081}], "spec.predictor.model.ports",
+     "the REST and gRPC ports are both 8081"),
+    ("grpc-v1", [{"name": "grpc-ts", "containerPort": 8080}], "spec.predictor.model.ports",
+     "the REST and TorchServe gRPC ports are both 8080"),
+]
+
+
+@pytest.mark.parametrize("protocol,ports,field,words", BAD_PORTS, ids=[w for *_, w in BAD_PORTS])
+def test_ports_that_cannot_be_served_are_refused(protocol: str, ports: list[dict], field: str, words: str) -> None:
+    isvc = mutate("predictor", "spec.predictor.model.protocolVersion", protocol)
+    isvc["spec"]["predictor"]["model"]["ports"] = ports
+    with pytest.raises(validation.Invalid) as err:
+        validation.check(isvc)
+    assert err.value.field == field and words in err.value.reason
+    # and how ports are told apart, unless the port is one the protocol does not have
+    assert "one named grpc-ts the TorchServe gRPC port" in err.value.reason or "only protocolVersion" in words
+
+
+def test_every_listener_can_be_moved() -> None:
+    isvc = mutate("predictor", "spec.predictor.model.protocolVersion", "grpc-v1")
+    isvc["spec"]["predictor"]["model"]["ports"] = [{"name": "web", "containerPort": 9080},
+                                                   {"name": "grpc", "containerPort": 9081},
+                                                   {"name": "grpc-ts", "containerPort": 9070}]
+    validation.check(isvc)
 
 
 @pytest.mark.parametrize("stem", sorted(p.stem for p in DATA.glob("*.yaml")))
