@@ -17,7 +17,9 @@ from ovserve.server.child import Child
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-ANNOUNCE = re.compile(r"^(predictor|transformer|explainer): http://127\.0\.0\.1:(\d+)(?: grpc://127\.0\.0\.1:(\d+))?$")
+#: ``predictor: http://127.0.0.1:N grpc://127.0.0.1:M torchserve-grpc://127.0.0.1:K``: one address per listener
+ANNOUNCE = re.compile(r"^(predictor|transformer|explainer): ((?:[a-z][a-z-]*://127\.0\.0\.1:\d+ ?)+)$")
+ADDRESS = re.compile(r"([a-z][a-z-]*)://127\.0\.0\.1:(\d+)")
 WORKDIR = re.compile(r"(/\S*/ovserve-run-[^/\s]+)/")
 
 
@@ -46,14 +48,17 @@ class OvserveRun:
     line by line, and the URLs it announced per component."""
 
     def __init__(self, file: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.urls: dict[str, tuple[int, int | None]] = {}
+        self.urls: dict[str, tuple[int, int | None]] = {}  # component: (REST port, gRPC port or None)
+        self.addresses: dict[str, dict[str, int]] = {}  # component: {scheme: port}, every address it printed
         self.child = Child(command(file, *args), name="ovserve run", env=env, merge_output=True, echo=self._announced)
         self.proc = self.child.proc
 
     def _announced(self, line: str) -> None:
         m = ANNOUNCE.match(line)
         if m:
-            self.urls[m.group(1)] = (int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+            found = {scheme: int(port) for scheme, port in ADDRESS.findall(m.group(2))}
+            self.addresses[m.group(1)] = found
+            self.urls[m.group(1)] = (found["http"], found.get("grpc"))
 
     @property
     def lines(self) -> list[str]:

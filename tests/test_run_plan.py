@@ -72,6 +72,29 @@ def test_declared_ports_are_taken_out_and_probes_follow_them(tmp_path: Path) -> 
     assert (main.rest_port, main.grpc_port, main.readiness.port) == (9080, 9081, 9080)
 
 
+def test_grpc_v1_adds_the_torchserve_listener_on_a_free_port(tmp_path: Path) -> None:
+    """The operator's ``--ts-inference-port 7070`` is taken out like the other port flags and replaced by a
+    free port; ovserve run then waits for the ``ts-inference`` listener and prints it."""
+    (predictor,) = plan(isvc("torchserve.yaml"), tmp_path)
+    main = predictor.main
+    assert main.argv == PY + ["serve", "--model-name", "classifier-ts", "--model-path",
+                              str(tmp_path / "predictor" / "ovserve-models")]
+    assert main.listeners == {"rest": 8080, "grpc": 8081, "ts-inference": 7070}
+    assert local_args(main, "127.0.0.1", 8000, 0, None) == [
+        "--host", "127.0.0.1", "--rest-port", "8000", "--grpc-port", "0", "--ts-inference-port", "0"]
+    assert main.readiness.path == "/v2/health/ready" and main.readiness.port == 8080
+
+
+def test_without_grpc_v1_there_is_no_torchserve_listener_unless_the_args_ask(tmp_path: Path) -> None:
+    (predictor,) = plan(isvc("demo-add.yaml"), tmp_path)
+    assert list(predictor.main.listeners) == ["rest", "grpc"]
+    spec = isvc("demo-add.yaml")
+    spec["spec"]["predictor"]["model"]["args"] = ["--ts-inference-port=7075"]  # as the server in a pod would
+    (predictor,) = plan(spec, tmp_path)
+    assert "--ts-inference-port=7075" not in predictor.main.argv
+    assert predictor.main.listeners == {"rest": 8080, "grpc": 8081, "ts-inference": 7075}
+
+
 def test_the_transformer_gets_the_local_predictor(tmp_path: Path) -> None:
     _, transformer = plan(isvc("classifier-transformer.yaml"), tmp_path)
     t = transformer.main
@@ -172,5 +195,6 @@ def test_ovserve_run_needs_neither_kopf_nor_the_kubernetes_client() -> None:
     planned, refused = (ast.literal_eval(line) for line in done.stdout.splitlines())
     assert ("classifier-transformer.yaml", ["predictor", "transformer"]) in planned
     assert ("isvc.yaml", ["predictor", "explainer"]) in planned  # examples/explainer/
-    assert len(planned) == 6 and [name for name, _ in refused] == ["pvc.yaml"]
+    assert ("torchserve.yaml", ["predictor"]) in planned
+    assert len(planned) == 7 and [name for name, _ in refused] == ["pvc.yaml"]
     assert "PersistentVolumeClaim" in refused[0][1]

@@ -28,7 +28,7 @@ IMAGE_CMD = ["serve", "--model-repository", "/mnt/models"]
 SERVERS = ("serve", "transformer", "explainer")
 #: Flags ``ovserve run`` sets itself, per subcommand (each also accepted with dashes and as ``--flag=value``).
 SET_BY_RUN = {
-    "serve": ("--host", "--rest-port", "--grpc-port"),
+    "serve": ("--host", *(listener.flag for listener in names.LISTENERS.values())),
     "transformer": ("--host", "--http_port", "--grpc_port", "--predictor_host"),
     "explainer": ("--host", "--http_port", "--predictor_host"),
 }
@@ -63,6 +63,9 @@ class Proc:
     wants_grpc: bool = False  # transformer: the pod asked for --grpc_port
     grpc_predictor: bool = False  # transformer/explainer: talks gRPC to the predictor
     port_names: dict[str, int] = field(default_factory=dict)
+    #: the listeners it binds, by the server's names for them (``rest``, ``grpc``, ``ts-inference``), each with
+    #: the container port it stands for: ovserve run gives each a free port, waits for each and prints each
+    listeners: dict[str, int] = field(default_factory=dict)
     startup: Probe | None = None
     readiness: Probe | None = None
 
@@ -144,15 +147,14 @@ def plan(isvc: dict[str, Any], workdir: Path) -> list[Component]:
     for component in names.present_components(isvc):
         pod = pods.pod_spec(isvc, component, Config())
         ports = pods.serving_ports(isvc["spec"][component], component)
-        rest, grpc = ports["rest"], ports.get("grpc")
         mounts_root = workdir / component
         volumes, folders = _volumes(pod, component, mounts_root)
         if len(pod["containers"]) > 1:
             extra = ", ".join(c.get("name", "?") for c in pod["containers"][1:])
             raise RunError(f"{component}: sidecar containers ({extra}) are not run locally; "
                            "ovserve run starts one container per component")
-        inits = [_proc(component, c, volumes, rest, grpc) for c in pod.get("initContainers") or []]
-        main = _proc(component, pod["containers"][0], volumes, rest, grpc)
+        inits = [_proc(component, c, volumes, ports) for c in pod.get("initContainers") or []]
+        main = _proc(component, pod["containers"][0], volumes, ports)
         if main.subcommand not in SERVERS:
             raise RunError(f"{component}: container {main.container!r} runs `ovserve {main.subcommand}`, "
                            f"which is not a server (expected one of: {', '.join(SERVERS)})")
@@ -314,8 +316,10 @@ def _probe(container: dict[str, Any], key: str, where: str, ports: dict[str, int
     return None  # exec and grpc probes: the port check stands in (docs/run.md)
 
 
-def _proc(component: str, container: dict[str, Any], volumes: dict[str, Path], rest: int, grpc: int | None) -> Proc:
+def _proc(component: str, container: dict[str, Any], volumes: dict[str, Path], ports: dict[str, int]) -> Proc:
+    """One container as a process; ``ports``: the component's container ports by listener (``pods.serving_ports``)."""
     name = container.get("name", "?")
+    rest, grpc = ports["rest"], ports.get("grpc")
     where = f"{component}: container {name!r}: "
     mounts: list[tuple[str, Path]] = []
     for at, mount in _mappings(container, "volumeMounts", where):
@@ -332,7 +336,7 @@ def _proc(component: str, container: dict[str, Any], volumes: dict[str, Path], r
     found: dict[str, str] = {}
     if subcommand in SET_BY_RUN:
         args, found = strip_flags(args, SET_BY_RUN[subcommand])
-    ports = {p["name"]: int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name")}
+    port_names = {p["name"]: int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name")}
     if subcommand in ("transformer", "explainer"):
         rest = int(found.get("--http_port") or rest)
         _, proto = strip_flags(args, PROTOCOL_FLAGS)
@@ -344,17 +348,39 @@ def _proc(component: str, container: dict[str, Any], volumes: dict[str, Path], r
                 _env(container, component, mounts), subcommand, rest_port=rest,
                 grpc_port=grpc if subcommand == "serve" else None,
                 wants_grpc=subcommand == "transformer" and "--grpc_port" in found,
-                grpc_predictor=grpc_predictor, port_names=ports)
-    proc.startup = _probe(container, "startupProbe", where, ports, rest)
-    proc.readiness = _probe(container, "readinessProbe", where, ports, rest)
+                grpc_predictor=grpc_predictor, port_names=port_names,
+                listeners=_listeners(subcommand, {**ports, "rest": rest}, found))
+    proc.startup = _probe(container, "startupProbe", where, port_names, rest)
+    proc.readiness = _probe(container, "readinessProbe", where, port_names, rest)
     return proc
+
+
+def _listeners(subcommand: str, ports: dict[str, int], found: dict[str, str]) -> dict[str, int]:
+    """What a server process binds, with the container port each listener stands for. ``serve``: REST and
+    gRPC always, and an optional listener (TorchServe's) when its flag is in the container's args, as the
+    operator puts it there for protocolVersion grpc-v1: as in the pod, where the server has it only then."""
+    if subcommand == "serve":
+        out = {"rest": ports["rest"], "grpc": ports.get("grpc") or names.GRPC_PORT}
+        for listener, row in names.LISTENERS.items():
+            value = found.get(row.flag, "")
+            if listener not in out and value not in ("", "off"):
+                out[listener] = int(value) if value.isdecimal() else ports.get(listener, row.default)
+        return out
+    if subcommand == "transformer" and "--grpc_port" in found:
+        value = found["--grpc_port"]
+        return {"rest": ports["rest"], "grpc": int(value) if value.isdecimal() else 0}
+    return {"rest": ports["rest"]} if subcommand in SERVERS else {}
 
 
 def local_args(proc: Proc, host: str, rest: int, grpc: int | None,
                predictor: tuple[int, int | None] | None) -> list[str]:
     """The flags ``ovserve run`` sets: where the process listens, and where its predictor is."""
-    if proc.subcommand == "serve":
-        return ["--host", host, "--rest-port", str(rest), "--grpc-port", str(grpc or 0)]
+    if proc.subcommand == "serve":  # every listener it has (its pod's flags were taken out): free ports
+        out = ["--host", host]
+        for name in proc.listeners:
+            port = rest if name == "rest" else (grpc or 0) if name == "grpc" else 0
+            out += [names.LISTENERS[name].flag, str(port)]
+        return out
     if proc.subcommand not in ("transformer", "explainer"):
         return []
     out = ["--host", host, "--http_port", str(rest)]

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from ovserve.server.child import Child
 
+from ..names import LISTENERS
 from ..pods import is_ovserve
 from .plan import Component, Probe, Proc, RunError, entry_component, local_args
 
@@ -162,7 +163,7 @@ class Supervisor:
         self.running.remove(r)
 
     def _wait_ports(self, r: Running, deadline: float) -> None:
-        while not (r.ports.rest and (r.ports.grpc or not self._wants_grpc(r.spec))):
+        while not all(r.ports.get(name) for name in r.spec.listeners):
             self._check()
             if not r.alive():
                 raise self._died(r, "exited while starting")
@@ -170,12 +171,10 @@ class Supervisor:
                 raise RunError(f"{r.spec.label}: did not bind its ports; its last lines:\n{r.tail()}")
             r.ports.known.wait(POLL)
 
-    @staticmethod
-    def _wants_grpc(proc: Proc) -> bool:
-        return proc.subcommand == "serve" or proc.wants_grpc
-
     def _local_port(self, r: Running, container_port: int) -> int:
-        return r.ports.grpc if container_port == r.spec.grpc_port else r.ports.rest
+        """The bound port of the listener a probe's container port stands for (REST when none does)."""
+        bound = [r.ports.get(name) for name, port in r.spec.listeners.items() if port == container_port]
+        return bound[0] if bound else r.ports.rest
 
     def _probe_ok(self, r: Running, probe: Probe) -> bool:
         port = self._local_port(r, probe.port)
@@ -234,10 +233,8 @@ class Supervisor:
                        f"its last lines:\n{r.tail()}")
 
     def _announce(self, component: Component, r: Running) -> None:
-        line = f"{component.name}: http://{HOST}:{r.ports.rest}"
-        if r.ports.grpc and self._wants_grpc(r.spec):
-            line += f" grpc://{HOST}:{r.ports.grpc}"
-        say(self.out, line)
+        addresses = (f"{LISTENERS[name].scheme}://{HOST}:{r.ports.get(name)}" for name in r.spec.listeners)
+        say(self.out, f"{component.name}: {' '.join(addresses)}")
 
     def start(self) -> None:
         predictor: Running | None = None
