@@ -36,7 +36,7 @@ def kids(name: str) -> dict[tuple[str, str], dict]:
 
 def test_there_are_examples_of_each_shape() -> None:
     assert {"demo-add.yaml", "classifier.yaml", "classifier-transformer.yaml", "http.yaml", "pvc.yaml",
-            "autoscaling.yaml"} <= set(IDS)
+            "autoscaling.yaml", "torchserve.yaml"} <= set(IDS)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)

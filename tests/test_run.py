@@ -5,6 +5,7 @@ user meets, each with its reason. The helpers are in ovserve_run.py, shared with
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import select
@@ -145,6 +146,40 @@ def test_http_storage_through_the_real_initializer(name: str, model_site: str, f
     finally:
         code, _ = run.stop()
     assert code == 0, run.output
+
+
+# -- protocolVersion grpc-v1: TorchServe's gRPC inference API ---------------------------
+
+def test_grpc_v1_serves_torchserve_ping_on_the_announced_port(demo: Path, files: Path) -> None:
+    """examples/torchserve.yaml (on the demo's add_one, to stay fast): the operator's pod passes
+    ``--ts-inference-port 7070``; ovserve run gives it a free port, waits for the ``ts-inference`` listener,
+    prints it as ``torchserve-grpc://``, and a client generated from TorchServe's inference.proto gets
+    Ping's health JSON there. Readiness stays V2 REST's, and the port is freed on Ctrl-C.
+
+    Issue 17: needs the server's --ts-inference-port and its TorchServe Ping (both the lead's, landing
+    with the TorchServe component); until they are in, the server refuses the flag and the run fails."""
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from .ts_stubs import ts_stubs
+
+    run = OvserveRun(example("torchserve.yaml", files, f"file://{demo / 'add_one'}"))
+    try:
+        run.wait_ready()
+        addresses = run.addresses["predictor"]
+        assert list(addresses) == ["http", "grpc", "torchserve-grpc"], run.output
+        assert len(set(addresses.values())) == 3 and 7070 not in addresses.values()  # free ports, not the pod's
+        ts = ts_stubs()
+        with grpc.insecure_channel(f"127.0.0.1:{addresses['torchserve-grpc']}") as channel:
+            reply = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel).Ping(empty_pb2.Empty(), timeout=10)
+        assert json.loads(reply.health) == {"status": "Healthy"}
+        ready = requests.get(f"http://127.0.0.1:{addresses['http']}/v2/models/classifier-ts/ready", timeout=10)
+        assert ready.status_code == 200  # the model under the InferenceService's name, over V2 REST too
+        children, workdir = run.children(), run.workdir()
+    finally:
+        code, _ = run.stop(signal.SIGINT)
+    assert code == 0, run.output
+    assert_all_gone(children, list(addresses.values()), workdir)
 
 
 # -- stopping ------------------------------------------------------------------------
