@@ -67,6 +67,34 @@ def test_the_classifier_example_takes_jpegs(model_dir: Path, files: Path, photos
     assert code == 0, run.output
 
 
+def test_the_torchserve_example_classifies_a_jpeg_over_torchserves_grpc(model_dir: Path, files: Path,
+                                                                         photos: dict[str, bytes]) -> None:
+    """examples/torchserve.yaml as written but for the model's folder: a client generated from TorchServe's
+    inference.proto sends each photo's bytes under "data" to Predictions on the port ovserve run prints
+    (torchserve-grpc://) and gets TorchServe's image-classifier answer, the top-5 as {label: probability}.
+    Issue 17: needs the server's TorchServe component (--ts-inference-port, the built-in image classifier)."""
+    import json
+
+    import grpc
+
+    from .ts_stubs import ts_stubs
+
+    ts = ts_stubs()
+    run = OvserveRun(example("torchserve.yaml", files, f"file://{model_dir}"))
+    try:
+        run.wait_ready()
+        with grpc.insecure_channel(f"127.0.0.1:{run.addresses['predictor']['torchserve-grpc']}") as channel:
+            stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+            for photo, label in PHOTOS.items():
+                request = ts.inference_pb2.PredictionsRequest(model_name="classifier-ts", input={"data": photos[photo]})
+                top = json.loads(stub.Predictions(request, timeout=60).prediction)
+                assert len(top) == 5 and next(iter(top)) == label, top
+                assert list(top.values()) == sorted(top.values(), reverse=True) and 0 < sum(top.values()) <= 1 + 1e-6
+    finally:
+        code, _ = run.stop()
+    assert code == 0, run.output
+
+
 @pytest.fixture(scope="module", params=["v2", "grpc-v2"])
 def with_transformer(request: pytest.FixtureRequest, model_dir: Path, files: Path) -> Iterator[OvserveRun]:
     """examples/classifier-transformer.yaml; for grpc-v2 its transformer args ask for gRPC to the predictor."""
@@ -139,7 +167,8 @@ def test_ctrl_c_stops_predictor_and_transformer(model_dir: Path, files: Path) ->
 def test_the_examples_agree_on_the_model() -> None:
     one = yaml.safe_load((EXAMPLES / "classifier.yaml").read_text())["spec"]["predictor"]["model"]
     two = yaml.safe_load((EXAMPLES / "classifier-transformer.yaml").read_text())["spec"]["predictor"]["model"]
-    assert one["storageUri"] == two["storageUri"] == "file:///tmp/ovserve-demo/mobilenet_v2"
+    ts = yaml.safe_load((EXAMPLES / "torchserve.yaml").read_text())["spec"]["predictor"]["model"]
+    assert one["storageUri"] == two["storageUri"] == ts["storageUri"] == "file:///tmp/ovserve-demo/mobilenet_v2"
 
 
 def test_the_explainer_example_is_wired_to_the_local_predictor(model_dir: Path, files: Path) -> None:
