@@ -79,7 +79,8 @@ class PredictorInternal(PredictorError, InternalError):
 
 _CLASSES: tuple[type[PredictorError], ...] = (
     PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
-    PredictorFailedPrecondition, PredictorAlreadyExists, PredictorPermissionDenied, PredictorUnsupported, PredictorTimeout, PredictorInternal)
+    PredictorFailedPrecondition, PredictorAlreadyExists, PredictorPermissionDenied,
+    PredictorUnsupported, PredictorTimeout, PredictorInternal)
 #: the predictor's HTTP status or gRPC code -> the class with that row in the error table
 _BY_HTTP: dict[int, type[PredictorError]] = {statuses(c)[0]: c for c in _CLASSES}
 _BY_GRPC: dict[str, type[PredictorError]] = ({statuses(c)[1]: c for c in _CLASSES}

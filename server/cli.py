@@ -12,13 +12,14 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .config import Settings
-from .flags import ENV_PREFIX, add_process_flags
+from .flags import ENV_PREFIX, add_process_flags, boolean, port
 from .flags import add as _add
 from .process import configure_logging, run_event_loop
 from .version import __version__
@@ -32,6 +33,17 @@ _COMPONENTS = {
     "run": "ovserve.operator.local.command",
 }
 SWITCH_INTERVAL = 0.0005
+
+
+def _regexes(text: str) -> tuple[str, ...]:
+    """Comma-separated regular expressions (TorchServe's allowed_urls), each checked to compile."""
+    found = tuple(part.strip() for part in text.split(",") if part.strip())
+    for pattern in found:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise argparse.ArgumentTypeError(f"{pattern!r} is not a regular expression: {exc}") from None
+    return found
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -90,6 +102,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
          "dynamic batching: microseconds a request may wait for others to join its batch")
     _add(one, "--plugin-config", _json_object, {},
          "OpenVINO properties as a JSON object, e.g. '{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'")
+    ts = serve.add_argument_group("TorchServe's gRPC APIs (docs/torchserve.md)")
+    _add(ts, "--ts-inference-port", port, None,
+         "TorchServe's gRPC inference API (Ping, Predictions, streams); 0 picks a free port; unset: off")
+    _add(ts, "--ts-management-port", port, None,
+         "TorchServe's gRPC management API (register, scale, list, describe); 0 picks a free port; unset: off")
+    _add(ts, "--model-store", Path, None, "folder RegisterModel finds archives (.mar) and model folders in")
+    _add(ts, "--allowed-urls", _regexes, (),
+         "comma-separated regular expressions a RegisterModel URL (file://, http(s)://) must match whole; "
+         "default: nothing outside the model store")
+    _add(ts, "--ts-model-api", boolean, False,
+         "allow RegisterModel and UnregisterModel (TorchServe's enable_model_api); off: PERMISSION_DENIED")
+    _add(ts, "--ts-work-dir", Path, None, "where registered models are unpacked (default: a fresh temporary folder)")
     parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")

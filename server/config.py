@@ -76,6 +76,18 @@ class Settings(ProcessSettings):
     #: Model defaults: dynamic batching (0 = off) and how long a batch waits to fill.
     max_batch_size: int = 0
     max_queue_delay_us: int = 0
+    #: TorchServe's gRPC inference API port (None = off, 0 = an ephemeral port, logged at start).
+    ts_inference_port: int | None = None
+    #: TorchServe's gRPC management API port (None = off, 0 = an ephemeral port).
+    ts_management_port: int | None = None
+    #: Where RegisterModel finds archives and model folders by name (TorchServe's model store).
+    model_store: Path | None = None
+    #: Regular expressions a RegisterModel URL must match whole (TorchServe's allowed_urls); none by default.
+    allowed_urls: tuple[str, ...] = ()
+    #: Whether RegisterModel and UnregisterModel are allowed (TorchServe's enable_model_api).
+    ts_model_api: bool = False
+    #: Where registered models are unpacked (a fresh temporary folder when unset).
+    ts_work_dir: Path | None = None
 
     def mode(self) -> str:
         chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),

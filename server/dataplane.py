@@ -11,6 +11,8 @@ of a predictor). An operation a component does not offer raises
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .errors import Unsupported
 from .types import (
@@ -22,6 +24,8 @@ from .types import (
     ModelMetadata,
     Parameters,
     PortInfo,
+    Registration,
+    Scaling,
     ServerMetadata,
     VersionStatus,
 )
@@ -90,3 +94,34 @@ class DataPlane(abc.ABC):
 
     async def unload_model(self, name: str) -> None:
         raise Unsupported(f"{self.server_metadata().name} has no model repository to unload {name!r} from")
+
+    # -- the TorchServe extension: handlers over the models, and their management ----------
+    # Bytes in, bytes out through a model's handler (server/torchserve/); the management
+    # operations answer TorchServe's messages and documents (neutral: strings, dicts, lists).
+    async def predict(self, name: str, version: str, inputs: Mapping[str, bytes], headers: Headers,
+                      sequence_id: str = "", send: Callable[[bytes], None] | None = None) -> bytes:
+        """A model's handler on one request; ``send`` gets each intermediate message of a stream."""
+        raise Unsupported(f"{self.server_metadata().name} has no TorchServe handlers")
+
+    def handlers_healthy(self) -> bool:
+        """TorchServe's Ping: whether every default version has its minimum of workers."""
+        raise Unsupported(f"{self.server_metadata().name} has no TorchServe handlers")
+
+    async def register_model(self, registration: Registration) -> str:
+        raise Unsupported(f"{self.server_metadata().name} cannot register models")
+
+    async def unregister_model(self, name: str, version: str = "") -> str:
+        raise Unsupported(f"{self.server_metadata().name} cannot unregister models")
+
+    async def scale_workers(self, scaling: Scaling) -> str:
+        raise Unsupported(f"{self.server_metadata().name} has no workers to scale")
+
+    def list_models(self, limit: int, token: int) -> dict[str, Any]:
+        raise Unsupported(f"{self.server_metadata().name} cannot list models")
+
+    async def describe_model(self, name: str, version: str = "",
+                             customized: bool = False) -> list[dict[str, Any]]:
+        raise Unsupported(f"{self.server_metadata().name} cannot describe models")
+
+    def set_default_version(self, name: str, version: str) -> str:
+        raise Unsupported(f"{self.server_metadata().name} has no default versions to set")

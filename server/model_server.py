@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from ovserve.common.codecs.datatypes import V2_TO_NUMPY
@@ -21,6 +23,7 @@ from .repository.manager import ModelManager
 from .repository.states import State
 from .runtime.memory import release_free_memory
 from .runtime.openvino import OpenVINOModel
+from .torchserve.registry import HandlerRegistry, Store
 from .types import (
     Headers,
     IndexEntry,
@@ -28,6 +31,8 @@ from .types import (
     InferResponse,
     ModelMetadata,
     PortInfo,
+    Registration,
+    Scaling,
     ServerMetadata,
     Tensor,
     VersionStatus,
@@ -43,9 +48,12 @@ PLATFORM = "OpenVINO"
 
 
 class ModelServer(DataPlane):
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, store: Store | None = None, work: Path | None = None,
+                 model_api: bool = False, remove_work: bool = False) -> None:
         super().__init__()
         self.manager = manager
+        #: TorchServe's handlers and model management, over the same models
+        self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work)
         # OpenCV releases the GIL: the images of a batch decode in parallel, off the loop.
         self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")
 
@@ -57,6 +65,7 @@ class ModelServer(DataPlane):
         release_free_memory()  # what start-up freed goes back to the OS
 
     async def stop(self) -> None:
+        await self.handlers.close()
         await self.manager.stop()
 
     # -- health and metadata ----------------------------------------------
@@ -85,7 +94,9 @@ class ModelServer(DataPlane):
         mv = self.manager.version(name, version)
         model = mv.model
         assert model is not None
-        versions = [str(v.version) for v in self.manager.served(name).available()] if not version else [str(mv.version)]
+        label = self.manager.label
+        versions = ([label(name, v.version) for v in self.manager.served(name).available()] if not version
+                    else [label(name, mv.version)])
         return ModelMetadata(
             name=name,
             versions=versions,
@@ -97,8 +108,8 @@ class ModelServer(DataPlane):
     def model_status(self, name: str) -> list[VersionStatus]:
         """OVMS-style per-version states of a model (all versions, whatever their state)."""
         served = self.manager.served(name)
-        return [VersionStatus(str(v), mv.status.state.value, mv.status.error_code, mv.status.error_message)
-                for v, mv in sorted(served.versions.items())]
+        return [VersionStatus(self.manager.label(name, v), mv.status.state.value, mv.status.error_code,
+                              mv.status.error_message) for v, mv in sorted(served.versions.items())]
 
     async def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
         mv = self.manager.version(name, version)
@@ -125,7 +136,7 @@ class ModelServer(DataPlane):
             outputs.append(Tensor(port.name, port.datatype, tuple(arr.shape), arr, params))
         return InferResponse(
             model_name=request.model_name,
-            model_version=str(mv.version),
+            model_version=self.manager.label(request.model_name, mv.version),
             outputs=outputs,
             id=request.id,
         )
@@ -139,6 +150,33 @@ class ModelServer(DataPlane):
 
     async def unload_model(self, name: str) -> None:
         await self.manager.unload(name)
+
+    # -- the TorchServe extension ------------------------------------------------
+    async def predict(self, name: str, version: str, inputs: Mapping[str, bytes], headers: Headers,
+                      sequence_id: str = "", send: Callable[[bytes], None] | None = None) -> bytes:
+        return await self.handlers.predict(name, version, inputs, headers, sequence_id, send)
+
+    def handlers_healthy(self) -> bool:
+        return self.handlers.healthy()
+
+    async def register_model(self, registration: Registration) -> str:
+        return await self.handlers.register(registration)
+
+    async def unregister_model(self, name: str, version: str = "") -> str:
+        return await self.handlers.unregister(name, version)
+
+    async def scale_workers(self, scaling: Scaling) -> str:
+        return await self.handlers.scale(scaling)
+
+    def list_models(self, limit: int, token: int) -> dict[str, Any]:
+        return self.handlers.list_models(limit, token)
+
+    async def describe_model(self, name: str, version: str = "",
+                             customized: bool = False) -> list[dict[str, Any]]:
+        return await self.handlers.describe(name, version, customized)
+
+    def set_default_version(self, name: str, version: str) -> str:
+        return self.handlers.set_default(name, version)
 
     async def _decode(self, feed: dict[str, Any], images: list[tuple[Tensor, PortInfo]]) -> None:
         loop = asyncio.get_running_loop()

@@ -1,6 +1,9 @@
 """``ovserve serve``: the model server's data plane and its listeners, from the settings."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from .app import Listener, Server, run
 from .codecs import images
 from .config import Settings
@@ -8,9 +11,12 @@ from .model_server import ModelServer
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
 from .runtime.openvino import LoadOptions
+from .torchserve.store import ModelStore
 from .transports.grpc.listener import GrpcListener
 from .transports.grpc_v2 import servicer as kserve_grpc
 from .transports.rest.listener import RestListener
+from .transports.torchserve import inference as ts_inference
+from .transports.torchserve import management as ts_management
 
 
 def make_source(settings: Settings) -> Source:
@@ -39,12 +45,27 @@ def make_source(settings: Settings) -> Source:
 
 def build(settings: Settings) -> Server:
     images.configure(settings.max_image_pixels, settings.max_images)
-    dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval))
+    # registered models are unpacked here; a folder of our own is removed when the server stops
+    work = settings.ts_work_dir or Path(tempfile.mkdtemp(prefix="ovserve-ts-"))
+    try:
+        store = ModelStore(settings.model_store, settings.allowed_urls, work / "unpacked")
+    except ValueError as exc:
+        raise SystemExit(f"ovserve: {exc}") from None
+    dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval),
+                            store, work, settings.ts_model_api, remove_work=settings.ts_work_dir is None)
     rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)],
                                        settings.max_request_bytes, settings.grpc_engine), settings.grpc_port))
+    # TorchServe's two gRPC APIs, each on a listener of its own (as TorchServe serves them)
+    if settings.ts_inference_port is not None:
+        listeners.append((GrpcListener("ts-inference", "TorchServe gRPC inference", [ts_inference.service(dataplane)],
+                                       settings.max_request_bytes, settings.grpc_engine), settings.ts_inference_port))
+    if settings.ts_management_port is not None:
+        listeners.append((GrpcListener("ts-management", "TorchServe gRPC management",
+                                       [ts_management.service(dataplane)], settings.max_request_bytes,
+                                       settings.grpc_engine), settings.ts_management_port))
     return Server(dataplane, listeners, settings.host, settings.grace_period)
 
 

@@ -29,7 +29,8 @@ from ovserve.common.types import (
 Headers = Mapping[str, str]
 
 __all__ = ["Parameters", "Headers", "Tensor", "RequestedOutput", "InferRequest", "InferResponse", "TensorSpec",
-           "ModelMetadata", "Dim", "PortInfo", "ServerMetadata", "VersionStatus", "IndexEntry", "Explanation"]
+           "ModelMetadata", "Dim", "PortInfo", "ServerMetadata", "VersionStatus", "IndexEntry", "Explanation",
+           "Registration", "Scaling"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +117,30 @@ class Explanation:
     def summary(self) -> dict[str, Any]:
         return {"method": self.method, "output": self.output, "predictor_calls": self.predictor_calls,
                 "perturbations": self.perturbations, "parameters": self.settings}
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A model to register (TorchServe's RegisterModel); zeros and empty strings mean "the default"."""
+
+    url: str
+    model_name: str = ""
+    handler: str = ""
+    initial_workers: int = 0
+    batch_size: int = 0
+    max_batch_delay_ms: int = 0
+    response_timeout_s: int = 0
+    synchronous: bool = False
+    runtime: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Scaling:
+    """A model version's new worker range (TorchServe's ScaleWorker)."""
+
+    model_name: str
+    model_version: str = ""
+    min_worker: int = 0
+    max_worker: int = 0
+    synchronous: bool = False
+    timeout: int = -1

@@ -91,6 +91,12 @@ class ModelManager:
         self._ready = False
         self._lock = asyncio.Lock()
         self._unloaded: set[str] = set()  # unloaded through the repository API
+        #: models registered through the TorchServe management API, served beside the source's
+        self.registered: dict[str, ModelConfig] = {}
+        #: a model's version numbers -> the names they were registered with (TorchServe's "1.0")
+        self.labels: dict[str, dict[int, str]] = {}
+        #: a model's default version when one was set (TorchServe's SetDefault); else the latest
+        self.defaults: dict[str, int] = {}
         self._source_problem: str | None = None  # why the source is invalid, as last logged
         self._poller: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(
@@ -155,6 +161,7 @@ class ModelManager:
                 log.info("%s is valid again", self.source.describe())
                 self._source_problem = None
             wanted = {c.name: c for c in desired}
+            wanted.update(self.registered)  # a registered model is served whatever the source says
             work = [self._retire(name) for name in list(self.models) if name not in wanted]
             for name, cfg in wanted.items():
                 if name not in self._unloaded:
@@ -313,6 +320,28 @@ class ModelManager:
             self._unloaded.add(name)
             await asyncio.gather(*(self._unload(mv) for mv in served.versions.values()))
 
+    # -- registered models (the TorchServe management API) -------------------
+    async def register(self, cfg: ModelConfig) -> ServedModel:
+        """Serve ``cfg`` beside the source's models and load its versions now; the model as served."""
+        async with self._lock:
+            self.registered[cfg.name] = cfg
+            self._unloaded.discard(cfg.name)
+            await self._reconcile_model(cfg)
+            return self.models[cfg.name]
+
+    async def deregister(self, name: str) -> None:
+        """Stop serving a registered model (waits for its requests in flight)."""
+        async with self._lock:
+            self.registered.pop(name, None)
+            self.labels.pop(name, None)
+            self.defaults.pop(name, None)
+            if name in self.models:
+                await self._retire(name)
+
+    def label(self, name: str, number: int) -> str:
+        """The name a version goes by: its registered label, else its number."""
+        return self.labels.get(name, {}).get(number) or str(number)
+
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = []
         for name, served in sorted(self.models.items()):
@@ -338,19 +367,30 @@ class ModelManager:
         """The version to use (latest available when ``version`` is empty), or an error."""
         served = self.served(name)
         if version:
+            by_label = {label: n for n, label in self.labels.get(name, {}).items()}
+            if version in by_label:
+                version = str(by_label[version])
             try:
                 number = int(version)
                 if number <= 0 or str(number) != version.strip():
                     raise ValueError
             except ValueError:
+                if name in self.labels:  # registered versions have names of their own
+                    raise NotFound(f"model {name!r} has no version {version!r}") from None
                 raise InvalidInput(f"model version must be a positive integer, got {version!r}") from None
             mv = served.versions.get(number)
             if mv is None:
-                raise NotFound(f"model {name!r} has no version {number}")
+                raise NotFound(f"model {name!r} has no version {self.label(name, number)}")
             if mv.status.state is not State.AVAILABLE:
                 reason = f": {mv.status.error_message}" if mv.status.error_message else ""
                 raise Unavailable(f"model {name!r} version {number} is {mv.status.state.value}{reason}")
             return mv
+        pinned = served.versions.get(self.defaults.get(name, 0))
+        if pinned is not None:
+            if pinned.status.state is not State.AVAILABLE:
+                raise Unavailable(f"model {name!r}: its default version {self.label(name, pinned.version)} is "
+                                  f"{pinned.status.state.value}")
+            return pinned
         available = served.available()
         if not available:
             raise Unavailable(f"model {name!r} has no available version: {self._why(served)}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -26,6 +26,31 @@ from ...errors import ServerError, Unavailable, grpc_status
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class Metadata(Mapping[str, str]):
+    """A call's invocation metadata as the ``headers`` a data plane may read (read on first use:
+    the model server never asks)."""
+
+    __slots__ = ("_context", "_items")
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self._items: dict[str, str] | None = None
+
+    def _dict(self) -> dict[str, str]:
+        if self._items is None:
+            self._items = {k: v for k, v in (self._context.invocation_metadata() or ()) if isinstance(v, str)}
+        return self._items
+
+    def __getitem__(self, key: str) -> str:
+        return self._dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
 
 
 def status_of(exc: ServerError) -> grpc.StatusCode:

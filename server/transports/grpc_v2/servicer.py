@@ -7,45 +7,20 @@ keeps the stream open.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
-from ..grpc.calls import Servicer, enter, in_band, unary
+from ..grpc.calls import Metadata, Servicer, enter, in_band, unary
 from ..grpc.listener import Service
 from . import converters
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 #: Requests of one stream processed at once; replies keep the request order.
 STREAM_WINDOW = 32
-
-
-class Metadata(Mapping[str, str]):
-    """A call's invocation metadata as the ``headers`` a data plane may read (read on first use:
-    the model server never asks)."""
-
-    __slots__ = ("_context", "_items")
-
-    def __init__(self, context: Any) -> None:
-        self._context = context
-        self._items: dict[str, str] | None = None
-
-    def _dict(self) -> dict[str, str]:
-        if self._items is None:
-            self._items = {k: v for k, v in (self._context.invocation_metadata() or ()) if isinstance(v, str)}
-        return self._items
-
-    def __getitem__(self, key: str) -> str:
-        return self._dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._dict())
-
-    def __len__(self) -> int:
-        return len(self._dict())
 
 
 class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):

@@ -1,0 +1,420 @@
+"""TorchServe's model management over ovserve's one model manager.
+
+Every model ovserve serves (from the repository or registered here) is a
+TorchServe model: its versions are the manager's, reached by Predictions through a
+handler and workers (:mod:`.workers`). A model registered through the management
+API is unpacked into ovserve's own work folder and handed to the same manager,
+so KServe V2 and V1 serve it too; its versions keep the names they were
+registered with ("1.0") beside the manager's numbers.
+
+Where TorchServe answers with a quirk, this answers correctly (docs/torchserve.md
+has both side by side): an existing name and version is ALREADY_EXISTS, the
+default version while others exist is FAILED_PRECONDITION, ListModels' limit 0
+is the first page of 100.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import shutil
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    ServerError,
+    Unavailable,
+)
+from ..repository.config import ModelConfig
+from ..repository.manager import ModelManager, ModelVersion
+from ..repository.policy import VersionPolicy
+from ..repository.states import State
+from ..runtime.openvino import LoadOptions
+from ..types import Registration, Scaling
+from ..version import __version__
+from .context import Context, Item
+from .handlers import HandlerSpec
+from .model import HandlerModel, Infer
+from .workers import Sink, Workers
+
+log = logging.getLogger("ovserve.torchserve")
+
+#: TorchServe's defaults for what RegisterModel leaves at zero
+DEFAULT_BATCH_DELAY_MS = 100
+DEFAULT_RESPONSE_TIMEOUT_S = 120
+LIST_LIMIT, LIST_MAX = 100, 1000
+
+
+class Store(Protocol):
+    """Where registrations come from (:class:`~.store.ModelStore`, given by the process that serves)."""
+
+    def fetch(self, url: str, name_hint: str | None = None) -> Path: ...
+    def discard(self, folder: Path) -> None: ...
+
+
+@dataclass(eq=False)
+class Entry:
+    """One model version as TorchServe sees it: its handler, its workers, how it came."""
+
+    name: str
+    number: int
+    label: str
+    model_dir: Path
+    url: str
+    spec: HandlerSpec
+    workers: Workers
+    manifest: dict[str, Any] = field(default_factory=dict)
+    registered: bool = False
+    loaded_at_startup: bool = False
+    unpacked: Path | None = None  # the folder the registration was unpacked into (removed with it)
+
+
+class HandlerRegistry:
+    def __init__(self, manager: ModelManager, infer: Infer, store: Store | None = None, work: Path | None = None,
+                 model_api: bool = False, default_workers: Callable[[ModelVersion], int] | None = None,
+                 remove_work: bool = False) -> None:
+        self.manager = manager
+        self.infer = infer
+        self.store = store  # None: nothing can be registered
+        self.work = work
+        self.model_api = model_api
+        self.remove_work = remove_work  # the work folder is the server's own: removed by close()
+        self.default_workers = default_workers or (lambda mv: mv.model.nireq if mv.model is not None else 1)
+        self.entries: dict[tuple[str, int], Entry] = {}
+        self._numbers: dict[str, itertools.count[int]] = {}
+        self._lock = asyncio.Lock()
+
+    # -- inference -------------------------------------------------------------
+    async def predict(self, name: str, version: str, inputs: Mapping[str, bytes], headers: Mapping[str, str],
+                      sequence_id: str = "", send: Sink | None = None) -> bytes:
+        if not name:
+            raise InvalidInput("model_name is required")
+        mv = self.manager.version(name, version)  # NotFound / Unavailable / InvalidInput
+        entry = await self._entry(mv)
+        item = Item(request_id=str(uuid.uuid4()), headers=headers, sequence_id=sequence_id)
+        emit = (lambda value: send(encode(value))) if send is not None else None
+        return encode(await entry.workers.submit(item, dict(inputs), emit))
+
+    async def _entry(self, mv: ModelVersion) -> Entry:
+        entry = self.entries.get((mv.name, mv.version))
+        if entry is not None:
+            return entry
+        async with self._lock:  # a repository model's first TorchServe request: its handler and workers
+            entry = self.entries.get((mv.name, mv.version))
+            if entry is None:
+                folder = mv.config.base_path / str(mv.version)
+                entry = self._make_entry(mv, folder, url=str(folder), handler=None, manifest={}, yaml={},
+                                         batch_size=1, delay_ms=DEFAULT_BATCH_DELAY_MS,
+                                         timeout_s=DEFAULT_RESPONSE_TIMEOUT_S)
+                entry.loaded_at_startup = True
+                workers = self.default_workers(mv)
+                await entry.workers.scale(workers, workers)
+                self.entries[(mv.name, mv.version)] = entry
+        return entry
+
+    def _make_entry(self, mv: ModelVersion, model_dir: Path, url: str, handler: str | None,
+                    manifest: dict[str, Any], yaml: dict[str, Any], batch_size: int, delay_ms: int,
+                    timeout_s: float) -> Entry:
+        label = self.manager.label(mv.name, mv.version)
+        model = mv.model
+        assert model is not None
+        loop = asyncio.get_running_loop()
+        spec = HandlerSpec(handler, model_dir)
+        handler_model = HandlerModel(mv.name, label, model.inputs, model.outputs, self.infer, loop,
+                                     labels=_labels(mv.config.base_path / str(mv.version) / "labels.txt"))
+
+        def context() -> Context:
+            return Context(mv.name, str(model_dir), manifest, batch_size, handler_model, yaml, __version__)
+
+        where = f"model {mv.name!r} version {label}"
+        workers = Workers(where, spec, context, batch_size, delay_ms / 1000, timeout_s)
+        return Entry(mv.name, mv.version, label, model_dir, url, spec, workers, manifest)
+
+    # -- health ------------------------------------------------------------------
+    def healthy(self) -> bool:
+        """Unhealthy when a default version has fewer workers than its minimum (TorchServe's rule)."""
+        for entry in self.entries.values():
+            if self._is_default(entry) and len(entry.workers.workers) < entry.workers.min_workers:
+                return False
+        return True
+
+    def _is_default(self, entry: Entry) -> bool:
+        try:
+            return self.manager.version(entry.name).version == entry.number
+        except ServerError:
+            return False
+
+    # -- management ----------------------------------------------------------------
+    def _check_model_api(self, what: str) -> None:
+        if not self.model_api:
+            raise PermissionDenied(f"{what} is disabled: start ovserve with --ts-model-api to allow it")
+
+    async def register(self, reg: Registration) -> str:
+        self._check_model_api("model registration")
+        if not reg.url:
+            raise InvalidInput("url is required: a model archive (.mar), a model folder or an archive of one")
+        if self.store is None or self.work is None:
+            raise FailedPrecondition("no model store: start ovserve with --model-store DIR")
+        from .manifest import read_archive
+        loop = asyncio.get_running_loop()
+        folder: Path = await loop.run_in_executor(None, self.store.fetch, reg.url, reg.model_name or None)
+        try:
+            info = await loop.run_in_executor(None, read_archive, folder)
+            name = reg.model_name or info.name
+            label = info.version or "1.0"
+            if not name:
+                raise InvalidInput("model_name is required when the archive does not name its model")
+            return await self._register(reg, name, label, folder, info)
+        except BaseException:
+            self.store.discard(folder)
+            raise
+
+    async def _register(self, reg: Registration, name: str, label: str, folder: Path, info: Any) -> str:
+        assert self.work is not None
+        async with self._lock:
+            if name in self.manager.models and name not in self.manager.registered:
+                raise AlreadyExists(f"model {name!r} is served from the model repository: register under "
+                                    "another name")
+            if label in self.manager.labels.get(name, {}).values():
+                raise AlreadyExists(f"model {name!r} version {label} is already registered")
+            if info.model_file is None:
+                raise FailedPrecondition(f"{reg.url}: the archive holds no OpenVINO model (an IR .xml or an "
+                                         ".onnx as its serialized file)")
+            numbers = self._numbers.setdefault(name, itertools.count(1))
+            number = next(numbers)
+            base = self.work / "models" / name
+            base.mkdir(parents=True, exist_ok=True)
+            (base / str(number)).symlink_to(Path(info.model_file).parent.resolve(), target_is_directory=True)
+            self.manager.labels.setdefault(name, {})[number] = label
+            first = name not in self.manager.defaults
+            if first:
+                self.manager.defaults[name] = number  # the first version registered is the default
+            cfg = self.manager.registered.get(name) or ModelConfig(name, base, VersionPolicy("all"), LoadOptions(),
+                                                                   raw=json.dumps({"registered": name}))
+            served = await self.manager.register(cfg)
+            mv = served.versions.get(number)
+            if mv is None or mv.status.state is not State.AVAILABLE:
+                reason = mv.status.error_message if mv is not None else "not loaded"
+                await self._forget(name, number, base)
+                raise FailedPrecondition(f"model {name!r} version {label} did not load: {reason}")
+            config = info.config
+            batch = reg.batch_size or config.batch_size or 1
+            delay = reg.max_batch_delay_ms or config.max_batch_delay_ms or DEFAULT_BATCH_DELAY_MS
+            timeout = reg.response_timeout_s or config.response_timeout_s or DEFAULT_RESPONSE_TIMEOUT_S
+            try:
+                entry = self._make_entry(mv, info.model_dir, reg.url, reg.handler or info.handler, info.manifest,
+                                         info.yaml_config, batch, delay, timeout)
+            except ServerError:
+                await self._forget(name, number, base)
+                raise
+            entry.registered = True
+            entry.unpacked = folder
+            self.entries[(name, number)] = entry
+        # the archive's model-config.yaml wins over initial_workers, as in TorchServe
+        low = config.min_workers if config.min_workers is not None else reg.initial_workers
+        high = config.max_workers if config.max_workers is not None else low
+        scaling = entry.workers.scale(low, max(low, high))
+        if reg.synchronous:
+            try:
+                await scaling
+            except ServerError:
+                await self.unregister(name, label, force=True)
+                raise
+            return f'Model "{name}" Version: {label} registered with {len(entry.workers.workers)} initial workers'
+        task = asyncio.create_task(scaling)
+        task.add_done_callback(lambda t: _report(t, f"model {name!r} version {label}"))
+        if low == 0:
+            return (f'Model "{name}" Version: {label} registered with 0 initial workers. '
+                    "Use scale workers API to add workers for the model.")
+        return "Processing worker updates..."
+
+    async def _forget(self, name: str, number: int, base: Path) -> None:
+        (base / str(number)).unlink(missing_ok=True)
+        self.manager.labels.get(name, {}).pop(number, None)
+        if self.manager.defaults.get(name) == number:
+            self.manager.defaults.pop(name)
+        if not self.manager.labels.get(name):
+            await self.manager.deregister(name)
+        else:
+            await self.manager.register(self.manager.registered[name])  # retire the version's folder
+
+    async def unregister(self, name: str, version: str = "", force: bool = False) -> str:
+        if not force:
+            self._check_model_api("unregistering a model")
+        if not name:
+            raise InvalidInput("model_name is required")
+        served = self.manager.served(name)
+        if name not in self.manager.registered:
+            raise FailedPrecondition(f"model {name!r} is served from the model repository: remove it there")
+        number = self._number(name, version) if version else self.manager.defaults.get(name, 0)
+        if number not in served.versions:
+            raise NotFound(f"model {name!r} has no version {version!r}")
+        others = [n for n in self.manager.labels.get(name, {}) if n != number]
+        if not version and others:
+            raise FailedPrecondition(
+                f"model {name!r}: cannot unregister its default version while versions "
+                f"{[self.manager.label(name, n) for n in others]} exist; name a version, or set another default")
+        if version and number == self.manager.defaults.get(name) and others:
+            raise FailedPrecondition(
+                f"model {name!r}: version {version} is the default; set another default first (SetDefault)")
+        label = self.manager.label(name, number)
+        async with self._lock:
+            entry = self.entries.pop((name, number), None)
+            if entry is not None:
+                await entry.workers.close()
+            assert self.work is not None
+            await self._forget(name, number, self.work / "models" / name)
+            if entry is not None and entry.unpacked is not None and self.store is not None:
+                self.store.discard(entry.unpacked)
+        return f'Model "{name}" unregistered' if not version else f'Model "{name}" version {label} unregistered'
+
+    def _number(self, name: str, version: str) -> int:
+        mv_versions = self.manager.served(name).versions
+        for number, label in self.manager.labels.get(name, {}).items():
+            if label == version:
+                return number
+        if version.isdigit() and int(version) in mv_versions:
+            return int(version)
+        raise NotFound(f"model {name!r} has no version {version!r}")
+
+    async def scale(self, s: Scaling) -> str:
+        if not s.model_name:
+            raise InvalidInput("model_name is required")
+        low = s.min_worker if s.min_worker > 0 else 1  # TorchServe: 0 (unset) means 1
+        high = s.max_worker if s.max_worker > 0 else low
+        if high < low:
+            raise InvalidInput(f"max_worker ({high}) must not be below min_worker ({low})")
+        mv = self.manager.version(s.model_name, s.model_version)
+        entry = await self._entry(mv)
+        scaling = entry.workers.scale(low, high)
+        if s.synchronous:
+            if s.timeout > 0:
+                await asyncio.wait_for(scaling, s.timeout)
+            else:
+                await scaling
+            return (f'Workers scaled to {len(entry.workers.workers)} for model: {entry.name}, '
+                    f'version: {entry.label}')
+        task = asyncio.create_task(scaling)
+        task.add_done_callback(lambda t: _report(t, f"model {entry.name!r} version {entry.label}"))
+        return "Processing worker updates..."
+
+    def set_default(self, name: str, version: str) -> str:
+        if not name:
+            raise InvalidInput("model_name is required")
+        if not version:
+            raise InvalidInput("model_version is required")
+        self.manager.served(name)
+        number = self._number(name, version)
+        mv = self.manager.served(name).versions[number]
+        if mv.status.state is not State.AVAILABLE:
+            raise Unavailable(f"model {name!r} version {version} is {mv.status.state.value}")
+        self.manager.defaults[name] = number
+        return f'Default version successfully updated for model "{name}" to "{version}"'
+
+    def list_models(self, limit: int, token: int) -> dict[str, Any]:
+        if limit == 0:
+            limit = LIST_LIMIT  # what the proto says (TorchServe answers an empty page)
+        if not 1 <= limit <= LIST_MAX:
+            raise InvalidInput(f"limit must be between 1 and {LIST_MAX}, got {limit}")
+        if token < 0:
+            raise InvalidInput(f"next_page_token must not be negative, got {token}")
+        names = sorted(self.manager.models)
+        page = names[token:token + limit]
+        models = [{"modelName": n, "modelUrl": self._url(n)} for n in page]
+        out: dict[str, Any] = {}
+        if token + limit < len(names):
+            out["nextPageToken"] = str(token + limit)
+        out["models"] = models
+        return out
+
+    def _url(self, name: str) -> str:
+        try:
+            mv = self.manager.version(name)
+        except ServerError:
+            return str(self.manager.served(name).config.base_path)
+        entry = self.entries.get((name, mv.version))
+        return entry.url if entry is not None else str(mv.config.base_path / str(mv.version))
+
+    async def describe(self, name: str, version: str = "", customized: bool = False) -> list[dict[str, Any]]:
+        if not name:
+            raise InvalidInput("model_name is required")
+        served = self.manager.served(name)
+        if version == "all":
+            numbers = [n for n, mv in sorted(served.versions.items()) if mv.status.state is not State.END]
+        elif version:
+            numbers = [self._number(name, version)]
+        else:
+            numbers = [self.manager.version(name).version]
+        return [await self._describe(served.versions[n]) for n in numbers]
+
+    async def _describe(self, mv: ModelVersion) -> dict[str, Any]:
+        entry = self.entries.get((mv.name, mv.version))
+        if entry is None and mv.status.state is State.AVAILABLE:
+            entry = await self._entry(mv)
+        label = self.manager.label(mv.name, mv.version)
+        model = mv.model
+        doc: dict[str, Any] = {
+            "modelName": mv.name,
+            "modelVersion": label,
+            "modelUrl": entry.url if entry else str(mv.config.base_path / str(mv.version)),
+            "runtime": "python",
+            "minWorkers": entry.workers.min_workers if entry else 0,
+            "maxWorkers": entry.workers.max_workers if entry else 0,
+            "batchSize": entry.workers.batch_size if entry else 1,
+            "maxBatchDelay": int(entry.workers.max_batch_delay_s * 1000) if entry else DEFAULT_BATCH_DELAY_MS,
+            "responseTimeout": int(entry.workers.response_timeout_s) if entry else DEFAULT_RESPONSE_TIMEOUT_S,
+            "loadedAtStartup": bool(entry.loaded_at_startup) if entry else True,
+            "handler": entry.spec.describe() if entry else "auto",
+            "state": mv.status.state.value,
+            "workers": entry.workers.describe() if entry else [],
+            "jobQueueStatus": {"remainingCapacity": 1000, "pendingRequests": entry.workers.pending() if entry else 0},
+            # what TorchServe's gRPC API cannot tell: the model's own inputs and outputs
+            "inputs": [_port(p) for p in (model.inputs if model else [])],
+            "outputs": [_port(p) for p in (model.outputs if model else [])],
+        }
+        return doc
+
+    async def close(self) -> None:
+        for entry in list(self.entries.values()):
+            await entry.workers.close()
+        self.entries.clear()
+        if self.remove_work and self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _port(p: Any) -> dict[str, Any]:
+    spec = p.spec
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+
+def _labels(path: Path) -> list[str] | None:
+    """A model's own class names: ``labels.txt`` beside the model file, line i naming class i."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _report(task: asyncio.Task[None], where: str) -> None:
+    """An asynchronous scaling's failure, which no caller is waiting to hear."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s: workers did not start: %s", where, task.exception())
+
+
+def encode(value: Any) -> bytes:
+    """A handler's value as TorchServe sends it: bytes as they are, text in UTF-8, anything else as JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value, indent=2).encode()
+

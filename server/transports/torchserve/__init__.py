@@ -1,0 +1,1 @@
+"""TorchServe's gRPC inference and management APIs, over the data plane."""

@@ -1,0 +1,97 @@
+"""``org.pytorch.serve.grpc.inference.InferenceAPIsService``: Ping, Predictions and the two streams.
+
+Errors take their status from the one error table (a model that does not exist is
+NOT_FOUND, where TorchServe answers INTERNAL; a failing handler is INTERNAL with its
+message, where TorchServe answers UNAVAILABLE, which clients retry). StreamPredictions2
+answers each request on the stream, ``sequence_id`` echoed, a failure in-band in
+``status`` with the stream kept open, and every pending answer delivered after the
+client half-closes.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.rpc import status_pb2
+
+from ovserve.common.proto.torchserve import inference_pb2 as pb
+from ovserve.common.proto.torchserve import inference_pb2_grpc as pb_grpc
+
+from ...dataplane import DataPlane
+from ...errors import ServerError
+from ..grpc.calls import Metadata, Servicer, enter, in_band, status_of, streaming, unary
+from ..grpc.listener import Service
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
+_DONE = object()
+
+
+class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        super().__init__()
+        self.dp = dataplane
+
+    @unary
+    async def Ping(self, request: Any, context: Any) -> pb.TorchServeHealthResponse:
+        healthy = self.dp.server_ready() and self.dp.handlers_healthy()
+        return pb.TorchServeHealthResponse(health=json.dumps({"status": "Healthy" if healthy else "Unhealthy"},
+                                                             indent=2))
+
+    @unary
+    async def Predictions(self, request: pb.PredictionsRequest, context: Any) -> pb.PredictionResponse:
+        body = await self.dp.predict(request.model_name, request.model_version, request.input, Metadata(context),
+                                     request.sequence_id)
+        return pb.PredictionResponse(prediction=body)
+
+    @streaming
+    async def StreamPredictions(self, request: pb.PredictionsRequest,
+                                context: Any) -> AsyncIterator[pb.PredictionResponse]:
+        """Every intermediate message in order, then the handler's answer, then OK."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        call = asyncio.ensure_future(self.dp.predict(request.model_name, request.model_version, request.input,
+                                                     Metadata(context), request.sequence_id, queue.put_nowait))
+        call.add_done_callback(lambda _: queue.put_nowait(_DONE))
+        try:
+            while (chunk := await queue.get()) is not _DONE:
+                yield pb.PredictionResponse(prediction=chunk)
+            yield pb.PredictionResponse(prediction=call.result())
+        finally:
+            call.cancel()
+
+    async def StreamPredictions2(self, requests: AsyncIterator[pb.PredictionsRequest],
+                                 context: Any) -> AsyncIterator[pb.PredictionResponse]:
+        """One answer per request, in order (a sequence's state sees its requests in the order sent)."""
+        await enter(self.in_flight, context)
+        try:
+            async for msg in requests:
+                seq = msg.sequence_id if msg.HasField("sequence_id") else None
+                queue: asyncio.Queue[Any] = asyncio.Queue()
+                call = asyncio.ensure_future(self.dp.predict(msg.model_name, msg.model_version, msg.input,
+                                                             Metadata(context), seq or "", queue.put_nowait))
+                call.add_done_callback(_closer(queue))
+                try:
+                    while (chunk := await queue.get()) is not _DONE:
+                        yield pb.PredictionResponse(prediction=chunk, sequence_id=seq)
+                    try:
+                        yield pb.PredictionResponse(prediction=call.result(), sequence_id=seq)
+                    except Exception as exc:
+                        code = (status_of(exc) if isinstance(exc, ServerError) else grpc.StatusCode.INTERNAL).value[0]
+                        yield pb.PredictionResponse(sequence_id=seq, status=status_pb2.Status(
+                            code=code, message=in_band(exc, "StreamPredictions2")))
+                finally:
+                    call.cancel()
+        finally:
+            self.in_flight.leave()
+
+
+def _closer(queue: asyncio.Queue[Any]) -> Any:
+    """A done-callback that ends the queue of one call's messages."""
+    return lambda _: queue.put_nowait(_DONE)
+
+
+def service(dataplane: DataPlane) -> Service:
+    """TorchServe's inference API, for a :class:`~..grpc.listener.GrpcListener`."""
+    return Service(SERVICE_NAME, InferenceServicer(dataplane), pb_grpc.add_InferenceAPIsServiceServicer_to_server)

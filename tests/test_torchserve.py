@@ -1,0 +1,380 @@
+"""TorchServe's gRPC inference and management APIs, driven as a TorchServe user drives them.
+
+The client side is what such a user has: stubs generated from the .proto files with
+grpc_tools (tests/ts_stubs.py), archives made by the real ``torch-model-archiver``
+(tests/mar.py), handlers written the way TorchServe documents them. The server is a real
+``ovserve serve`` in its own process, serving a model repository and a model store.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import pytest
+import requests
+from google.protobuf import empty_pb2
+
+from . import models
+from .mar import build_mar, write_model_config
+from .servers import ServerProcess
+from .ts_stubs import ts_stubs
+
+pytestmark = pytest.mark.integration
+
+ts = ts_stubs()
+inference_pb2, inference_pb2_grpc = ts.inference_pb2, ts.inference_pb2_grpc
+management_pb2, management_pb2_grpc = ts.management_pb2, ts.management_pb2_grpc
+
+HANDLERS = {
+    # a module with handle(): TorchServe calls handle(None, context) once to initialise it
+    "fn_handler.py": '''
+        import json
+        
+        def handle(data, context):
+            if data is None:
+                return None
+            out = []
+            for item in data:
+                x = np.asarray(json.loads(item["data"]), dtype=np.float32).reshape(1, -1)
+                y = context.model.infer({"x": x})["y"]
+                out.append(json.dumps({"y": y.reshape(-1).tolist(), "model": context.model_name,
+                                       "version": context.manifest["model"]["modelVersion"]}))
+            return out
+    ''',
+    # a class: initialize(context) once per worker, then handle() per batch; state lives in the instance
+    "class_handler.py": '''
+        class Counter:
+            def initialize(self, context):
+                self.calls = 0
+                self.batch_size = context.system_properties["batch_size"]
+
+            def handle(self, data, context):
+                self.calls += 1
+                if data[0].get("data") == b"fail":
+                    raise ValueError("the handler refuses 'fail'")
+                if data[0].get("data") == b"status":
+                    context.set_response_status(404, "nothing here", 0)
+                    return ["x"]
+                return [{"calls": self.calls, "batch": len(data), "batch_size": self.batch_size,
+                         "header": context.get_request_header(i, "x-trace"),
+                         "sequence": context.get_sequence_id(i)} for i in range(len(data))]
+    ''',
+    # TorchServe's streaming contract: intermediate messages, then the return value
+    "stream_handler.py": '''
+        from ts.handler_utils.utils import send_intermediate_predict_response
+
+        def handle(data, context):
+            if data is None:
+                return None
+            n = int(data[0]["data"])
+            for i in range(n):
+                send_intermediate_predict_response([f"part {i}"], context.request_ids, "Intermediate", 200, context)
+            return ["done"]
+    ''',
+    "yield_handler.py": '''
+        def handle(data, context):
+            if data is None:
+                return None
+            def gen():
+                for word in ("one", "two", "three"):
+                    yield [word for _ in data]
+            return gen()
+    ''',
+    "slow_handler.py": '''
+        import time
+
+        def handle(data, context):
+            if data is None:
+                return None
+            time.sleep(float(data[0]["data"]))
+            return ["slept"]
+    ''',
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store with archives of the add model (x [-1,16] -> y = x + 1) and its handlers."""
+    root = tmp_path_factory.mktemp("ts")
+    built = root / "build"
+    model_dir = models.save(models.add_one(), built, "add")
+    xml, bin_ = model_dir / "model.xml", model_dir / "model.bin"
+    out = root / "store"
+    for file, code in HANDLERS.items():
+        (built / file).write_text(textwrap.dedent(code))
+    build_mar(out, "fn", "1.0", xml, [bin_], handler=built / "fn_handler.py")
+    build_mar(out / "v2", "fn", "2.0", xml, [bin_], handler=built / "fn_handler.py")
+    build_mar(out, "counter", "1.0", xml, [bin_], handler=built / "class_handler.py",
+              config_file=write_model_config(built / "counter", min_workers=1, max_workers=1))
+    build_mar(out, "stream", "1.0", xml, [bin_], handler=built / "stream_handler.py")
+    build_mar(out, "yielder", "1.0", xml, [bin_], handler=built / "yield_handler.py")
+    build_mar(out, "slow", "1.0", xml, [bin_], handler=built / "slow_handler.py",
+              config_file=write_model_config(built / "slow", min_workers=1, response_timeout=1))
+    build_mar(out, "tensors", "1.0", xml, [bin_])  # no handler of its own: base_handler
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("repo")
+    models.save(models.add_one(), repo, "add")
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
+                          "--ts-inference-port", "0", "--ts-management-port", "0",
+                          "--model-store", str(store), "--ts-model-api", "true"])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def inference(server: ServerProcess) -> Iterator[Any]:
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as channel:
+        yield inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def management(server: ServerProcess) -> Iterator[Any]:
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-management']}") as channel:
+        yield management_pb2_grpc.ManagementAPIsServiceStub(channel)
+
+
+def predict(stub: Any, model: str, data: bytes, version: str = "", **more: bytes) -> bytes:
+    reply = stub.Predictions(inference_pb2.PredictionsRequest(model_name=model, model_version=version,
+                                                              input={"data": data, **more}), timeout=60)
+    return bytes(reply.prediction)
+
+
+def register(management: Any, url: str, **fields: Any) -> str:
+    fields.setdefault("synchronous", True)
+    fields.setdefault("initial_workers", 1)
+    return str(management.RegisterModel(management_pb2.RegisterModelRequest(url=url, **fields), timeout=60).msg)
+
+
+def code_of(call: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()
+
+
+def v2_body(values: list[float]) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": values}]}).encode()
+
+
+# -- inference: the repository's models through the built-in handlers ---------------------------------
+
+def test_ping_answers_torchserve_health_json(inference: Any) -> None:
+    reply = inference.Ping(empty_pb2.Empty(), timeout=10)
+    assert json.loads(reply.health) == {"status": "Healthy"}
+
+
+def test_repository_model_answers_a_v2_tensor_document(inference: Any) -> None:
+    doc = json.loads(predict(inference, "add", v2_body([float(i) for i in range(16)])))
+    (out,) = doc["outputs"]
+    assert out["name"] == "y" and out["shape"] == [1, 16]
+    assert out["data"] == [float(i) + 1 for i in range(16)]
+
+
+def test_repository_model_answers_v1_instances(inference: Any) -> None:
+    doc = json.loads(predict(inference, "add", json.dumps({"instances": [[2.0] * 16]}).encode()))
+    assert doc["predictions"] == [[3.0] * 16]
+
+
+@pytest.mark.parametrize("model, version, code, words", [
+    ("nope", "", grpc.StatusCode.NOT_FOUND, "nope"),              # TorchServe: INTERNAL
+    ("add", "7", grpc.StatusCode.NOT_FOUND, "7"),
+    ("", "", grpc.StatusCode.INVALID_ARGUMENT, "model_name"),     # TorchServe: INTERNAL
+])
+def test_unknown_or_unnamed_model_gets_the_right_code(inference: Any, model: str, version: str,
+                                                      code: grpc.StatusCode, words: str) -> None:
+    got, details = code_of(lambda: predict(inference, model, b"{}", version))
+    assert got is code and words in details
+
+
+def test_bad_tensor_document_is_invalid_argument_and_the_model_serves_on(inference: Any) -> None:
+    got, details = code_of(lambda: predict(inference, "add", b"{not json"))
+    assert got is grpc.StatusCode.INVALID_ARGUMENT, details
+    got, details = code_of(lambda: predict(inference, "add", v2_body([1.0] * 15)))
+    assert got is grpc.StatusCode.INVALID_ARGUMENT, details
+    assert json.loads(predict(inference, "add", v2_body([0.0] * 16)))["outputs"][0]["data"] == [1.0] * 16
+
+
+def test_32_concurrent_predictions_each_get_their_own_answer(inference: Any) -> None:
+    results: dict[int, Any] = {}
+
+    def one(i: int) -> None:
+        results[i] = json.loads(predict(inference, "add", v2_body([float(i)] * 16)))["outputs"][0]["data"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {i: [float(i) + 1] * 16 for i in range(32)}
+
+
+# -- registration, custom handlers, and the same model over KServe V2 -----------------------------------
+
+def test_register_infer_over_both_apis_and_unregister(server: ServerProcess, inference: Any,
+                                                      management: Any) -> None:
+    msg = register(management, "fn.mar")
+    assert msg == 'Model "fn" Version: 1.0 registered with 1 initial workers'
+    doc = json.loads(predict(inference, "fn", json.dumps([1.0] * 16).encode()))
+    assert doc == {"y": [2.0] * 16, "model": "fn", "version": "1.0"}
+    # the registered model is a KServe V2 model too
+    r = requests.post(f"{server.url}/v2/models/fn/infer", json=json.loads(v2_body([5.0] * 16)), timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [6.0] * 16 and r.json()["model_version"] == "1.0"
+    listed = json.loads(management.ListModels(management_pb2.ListModelsRequest(), timeout=10).msg)
+    assert {"modelName": "fn", "modelUrl": "fn.mar"} in listed["models"]
+    (described,) = json.loads(management.DescribeModel(management_pb2.DescribeModelRequest(model_name="fn")).msg)
+    assert described["modelVersion"] == "1.0" and len(described["workers"]) == 1
+    assert described["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 16]}]
+    got, details = code_of(lambda: register(management, "fn.mar"))
+    assert got is grpc.StatusCode.ALREADY_EXISTS and "1.0" in details  # TorchServe: UNKNOWN, no details
+    assert management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="fn")).msg == \
+        'Model "fn" unregistered'
+    got, _ = code_of(lambda: predict(inference, "fn", b"[]"))
+    assert got is grpc.StatusCode.NOT_FOUND
+    assert requests.get(f"{server.url}/v2/models/fn", timeout=10).status_code == 404
+
+
+def test_versions_default_and_set_default(inference: Any, management: Any) -> None:
+    register(management, "fn.mar")
+    register(management, "v2/fn.mar")
+    try:
+        body = json.dumps([0.0] * 16).encode()
+        assert json.loads(predict(inference, "fn", body))["version"] == "1.0"  # the first registered
+        assert json.loads(predict(inference, "fn", body, version="2.0"))["version"] == "2.0"
+        got, details = code_of(lambda: management.UnregisterModel(
+            management_pb2.UnregisterModelRequest(model_name="fn")))
+        assert got is grpc.StatusCode.FAILED_PRECONDITION, details  # TorchServe: UNKNOWN
+        msg = management.SetDefault(management_pb2.SetDefaultRequest(model_name="fn", model_version="2.0")).msg
+        assert msg == 'Default version successfully updated for model "fn" to "2.0"'
+        assert json.loads(predict(inference, "fn", body))["version"] == "2.0"
+        every = json.loads(management.DescribeModel(
+            management_pb2.DescribeModelRequest(model_name="fn", model_version="all")).msg)
+        assert sorted(d["modelVersion"] for d in every) == ["1.0", "2.0"]
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="fn", model_version="1.0"))
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="fn", model_version="2.0"))
+
+
+def test_class_handler_keeps_state_reads_headers_and_fails_alone(inference: Any, management: Any) -> None:
+    register(management, "counter.mar", initial_workers=3)  # model-config.yaml's min/max 1 win
+    try:
+        first = json.loads(inference.Predictions(inference_pb2.PredictionsRequest(
+            model_name="counter", input={"data": b"x"}), metadata=[("x-trace", "abc")], timeout=30).prediction)
+        assert first["header"] == "abc" and first["batch"] == 1
+        got, details = code_of(lambda: predict(inference, "counter", b"fail"))
+        assert got is grpc.StatusCode.INTERNAL and "the handler refuses 'fail'" in details  # TorchServe: UNAVAILABLE
+        got, details = code_of(lambda: predict(inference, "counter", b"status"))
+        assert got is grpc.StatusCode.NOT_FOUND and "nothing here" in details
+        again = json.loads(predict(inference, "counter", b"x"))
+        assert again["calls"] == first["calls"] + 3  # one worker, its state kept across calls
+        (described,) = json.loads(management.DescribeModel(
+            management_pb2.DescribeModelRequest(model_name="counter")).msg)
+        assert described["minWorkers"] == 1 and described["maxWorkers"] == 1
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="counter"))
+
+
+def test_stream_predictions_sends_intermediate_messages_in_order(inference: Any, management: Any) -> None:
+    register(management, "stream.mar")
+    register(management, "yielder.mar")
+    try:
+        replies = [bytes(r.prediction) for r in inference.StreamPredictions(
+            inference_pb2.PredictionsRequest(model_name="stream", input={"data": b"3"}), timeout=30)]
+        assert replies == [b"part 0", b"part 1", b"part 2", b"done"]
+        replies = [bytes(r.prediction) for r in inference.StreamPredictions(
+            inference_pb2.PredictionsRequest(model_name="yielder", input={"data": b""}), timeout=30)]
+        assert replies == [b"one", b"two", b"three"]
+        # a handler that never streams: its one message and OK (TorchServe: "Worker died")
+        replies = [bytes(r.prediction) for r in inference.StreamPredictions(
+            inference_pb2.PredictionsRequest(model_name="add", input={"data": v2_body([0.0] * 16)}), timeout=30)]
+        assert len(replies) == 1 and json.loads(replies[0])["outputs"][0]["data"] == [1.0] * 16
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="stream"))
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="yielder"))
+
+
+def test_stream_predictions2_echoes_sequence_ids_and_answers_errors_in_band(inference: Any) -> None:
+    def requests_() -> Iterator[Any]:
+        yield inference_pb2.PredictionsRequest(model_name="add", input={"data": v2_body([1.0] * 16)},
+                                               sequence_id="s-1")
+        yield inference_pb2.PredictionsRequest(model_name="nope", input={"data": b"{}"}, sequence_id="s-2")
+        yield inference_pb2.PredictionsRequest(model_name="add", input={"data": v2_body([2.0] * 16)},
+                                               sequence_id="s-3")
+        # the client half-closes here: every answer still comes
+
+    replies = list(inference.StreamPredictions2(requests_(), timeout=30))
+    assert [r.sequence_id for r in replies] == ["s-1", "s-2", "s-3"]
+    assert json.loads(replies[0].prediction)["outputs"][0]["data"] == [2.0] * 16
+    assert replies[1].status.code == grpc.StatusCode.NOT_FOUND.value[0] and "nope" in replies[1].status.message
+    assert json.loads(replies[2].prediction)["outputs"][0]["data"] == [3.0] * 16
+
+
+def test_slow_handler_times_out_and_its_worker_recovers(inference: Any, management: Any) -> None:
+    register(management, "slow.mar")
+    try:
+        got, details = code_of(lambda: predict(inference, "slow", b"3"))
+        assert got is grpc.StatusCode.DEADLINE_EXCEEDED and "response timeout" in details
+        assert predict(inference, "slow", b"0") == b"slept"
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="slow"))
+
+
+def test_zero_workers_is_unavailable_until_scaled(inference: Any, management: Any) -> None:
+    msg = register(management, "tensors.mar", initial_workers=0, synchronous=False)
+    assert "0 initial workers" in msg
+    try:
+        got, details = code_of(lambda: predict(inference, "tensors", v2_body([0.0] * 16)))
+        assert got is grpc.StatusCode.UNAVAILABLE and "workers" in details
+        msg = management.ScaleWorker(management_pb2.ScaleWorkerRequest(
+            model_name="tensors", min_worker=2, synchronous=True), timeout=30).msg
+        assert "2" in msg
+        assert json.loads(predict(inference, "tensors", v2_body([0.0] * 16)))["outputs"][0]["data"] == [1.0] * 16
+        got, _ = code_of(lambda: management.ScaleWorker(management_pb2.ScaleWorkerRequest(
+            model_name="tensors", min_worker=3, max_worker=2)))
+        assert got is grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="tensors"))
+
+
+def test_list_models_pages(management: Any) -> None:
+    doc = json.loads(management.ListModels(management_pb2.ListModelsRequest(limit=0)).msg)
+    assert [m["modelName"] for m in doc["models"]] == ["add"] and "nextPageToken" not in doc  # TorchServe: empty
+    got, _ = code_of(lambda: management.ListModels(management_pb2.ListModelsRequest(limit=1001)))
+    assert got is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_management_refuses_bad_requests_by_name(management: Any) -> None:
+    got, details = code_of(lambda: register(management, ""))
+    assert got is grpc.StatusCode.INVALID_ARGUMENT and "url" in details
+    got, details = code_of(lambda: management.DescribeModel(management_pb2.DescribeModelRequest(model_name="")))
+    assert got is grpc.StatusCode.INVALID_ARGUMENT and "model_name" in details
+    got, _ = code_of(lambda: management.DescribeModel(management_pb2.DescribeModelRequest(model_name="nope")))
+    assert got is grpc.StatusCode.NOT_FOUND
+    got, _ = code_of(lambda: management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="add")))
+    assert got is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_registration_is_refused_without_the_model_api(store: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    models.save(models.add_one(), repo, "add")
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
+                          "--ts-management-port", "0", "--model-store", str(store)]).wait_ready()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{proc.ports['ts-management']}") as channel:
+            stub = management_pb2_grpc.ManagementAPIsServiceStub(channel)
+            got, details = code_of(lambda: register(stub, "fn.mar"))
+            assert got is grpc.StatusCode.PERMISSION_DENIED and "--ts-model-api" in details
+            # reading is allowed
+            assert json.loads(stub.ListModels(management_pb2.ListModelsRequest()).msg)["models"][0]["modelName"] == "add"
+        assert proc.ports.get("ts-inference") == 0  # not asked for: not there
+    finally:
+        proc.stop()
