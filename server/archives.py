@@ -38,6 +38,10 @@ from typing import IO, Protocol
 CHUNK = 1 << 20
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 ZIP_SUFFIXES = (".zip",)
+#: TorchServe's model archive (torch-model-archiver's default and zip-store formats) is a zip: unpack()
+#: reads it as one when asked to, but is_archive() leaves it out, so the storage initializer copies a .mar
+#: as the file it is (the TorchServe model store unpacks it itself, server/torchserve/store.py)
+MAR_SUFFIXES = (".mar",)
 #: Real model files compress little: OpenVINO IR weights 1.1-3x, XML ~10x. 100x is far above any trained
 #: model and stops a gzip or zip bomb (~1000x) after a tenth of it. A model of zeros (an untrained
 #: placeholder) compresses ~1000x with gzip and zip, far more with bzip2 and xz: it needs a higher
@@ -281,10 +285,11 @@ def _unpack_zip(archive: Path, dest: str, limits: Limits) -> None:
 
 
 def unpack(archive: Path, name: str, dest: Path, limits: Limits) -> None:
-    """Unpack ``archive`` (called ``name``: its suffix says tar or zip) into the empty folder ``dest``."""
+    """Unpack ``archive`` (called ``name``: its suffix says tar or zip; a .mar is a zip) into the empty folder
+    ``dest``."""
     root = os.path.realpath(dest)
     try:
-        if name.lower().endswith(ZIP_SUFFIXES):
+        if name.lower().endswith((*ZIP_SUFFIXES, *MAR_SUFFIXES)):
             _unpack_zip(archive, root, limits)
         else:
             _unpack_tar(archive, root, limits)

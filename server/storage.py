@@ -97,18 +97,27 @@ def _place(path: Path, name: str, tree: Path, limits: Limits) -> None:
         shutil.copyfile(path, tree / name)
 
 
-def _download(url: str, name: str, expected: str | None, work: Path, tree: Path, limits: Limits) -> None:
+def _download(url: str, name: str, expected: str | None, work: Path, tree: Path, limits: Limits,
+              opener: urllib.request.OpenerDirector | None = None) -> None:
     archive = is_archive(name)
     part = (work if archive else tree) / name  # an archive is unpacked into tree, then dropped with work
     request = urllib.request.Request(url, headers={"User-Agent": f"ovserve-storage-initializer/{__version__}"})
     digest = hashlib.sha256()
     received, announced = 0, None
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response, open(part, "wb") as out:
+        # the TorchServe model store passes an opener that vets every address and redirect (its allow-list)
+        with (urllib.request.urlopen(request, timeout=TIMEOUT) if opener is None
+              else opener.open(request, timeout=TIMEOUT)) as response, open(part, "wb") as out:
             # None when chunked (its framing says where it ends) or when the server sent no length
             announced = response.length
+            # nothing a model unpacks to is smaller than its download: the same limit stops an endless body
+            if limits.max_bytes and announced is not None and announced > limits.max_bytes:
+                raise StorageError(f"{url}: Content-Length {announced} is over --max-unpacked-bytes "
+                                   f"{limits.max_bytes}")
             while chunk := response.read(CHUNK):
                 received += len(chunk)
+                if limits.max_bytes and received > limits.max_bytes:
+                    raise StorageError(f"{url}: more than --max-unpacked-bytes {limits.max_bytes} bytes")
                 digest.update(chunk)
                 out.write(chunk)
     except urllib.error.HTTPError as exc:
@@ -135,7 +144,7 @@ def _copy_folder(local: Path, work: Path, tree: Path, limits: Limits) -> None:
     shutil.copytree(local, tree, dirs_exist_ok=True)
 
 
-def _source(src: str, dest: Path, sha256: str | None) -> Fetch:
+def _source(src: str, dest: Path, sha256: str | None, opener: urllib.request.OpenerDirector | None = None) -> Fetch:
     """How to fetch ``src``, every check that needs no I/O on DEST done first."""
     parts = urlsplit(src)
     scheme = parts.scheme.lower()
@@ -147,7 +156,7 @@ def _source(src: str, dest: Path, sha256: str | None) -> Fetch:
             raise StorageError(f"{src}: names no file (give a file or an archive, not a folder)")
         expected = _expected_sha256(sha256, parts.fragment, src)
         url = parts._replace(fragment="").geturl()
-        return lambda work, tree, limits: _download(url, name, expected, work, tree, limits)
+        return lambda work, tree, limits: _download(url, name, expected, work, tree, limits, opener)
     if scheme == "file" or scheme == "" or (len(scheme) == 1 and os.name == "nt"):
         if scheme == "file" and parts.netloc not in ("", "localhost"):
             raise StorageError(f"{src}: file URIs name a local path: file:///path")
@@ -245,13 +254,16 @@ def _merge(tree: Path, dest: Path) -> None:
     _move(tree, dest)
 
 
-def initialize(src: str, dest: Path, limits: Limits = DEFAULT_LIMITS, sha256: str | None = None) -> Path:
+def initialize(src: str, dest: Path, limits: Limits = DEFAULT_LIMITS, sha256: str | None = None,
+               opener: urllib.request.OpenerDirector | None = None) -> Path:
     """Fetch ``src`` into the folder ``dest`` (created if needed); returns ``dest``.
 
     The model is merged into what DEST holds (same-named files replaced), and only once all
     of it arrived intact; on any error DEST is as it was (and not created if it was missing).
+    ``opener`` opens http(s) URLs instead of urllib's default one (which follows any redirect and
+    honours the proxy variables).
     """
-    fetch = _source(src, dest, sha256)
+    fetch = _source(src, dest, sha256, opener)
     created = _make_dirs(dest)
     try:
         with _scratch(dest) as work:
@@ -304,7 +316,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--sha256", type=_sha256, default=None, metavar="HEX",
                    help="the SHA-256 the file or archive fetched must have")
     p.add_argument("--max-unpacked-bytes", type=byte_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
-                   help="most an archive may unpack to, e.g. 20Gi; 0 for no limit [default 1Ti]")
+                   help="most an archive may unpack to (and a download may be), e.g. 20Gi; 0 for no limit "
+                   "[default 1Ti]")
     p.add_argument("--max-ratio", type=_ratio, default=DEFAULT_MAX_RATIO, metavar="R",
                    help=f"most an archive may unpack to, as a multiple of its own size (archives may always "
                    f"unpack to {RATIO_FLOOR >> 20} MiB); 0 for no limit [default {DEFAULT_MAX_RATIO:g}]")
