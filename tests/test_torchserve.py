@@ -378,3 +378,39 @@ def test_registration_is_refused_without_the_model_api(store: Path, tmp_path: Pa
         assert proc.ports.get("ts-inference") == 0  # not asked for: not there
     finally:
         proc.stop()
+
+
+def test_requests_are_batched_for_the_handler_as_registered(inference: Any, management: Any) -> None:
+    register(management, "counter.mar", batch_size=4, max_batch_delay=2000)
+    try:
+        replies: list[Any] = []
+
+        def one() -> None:
+            replies.append(json.loads(predict(inference, "counter", b"x")))
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        # one worker (model-config.yaml), four requests within the delay: one handle() call for all four
+        assert [r["batch"] for r in replies] == [4, 4, 4, 4]
+        assert {r["batch_size"] for r in replies} == {4} and len({r["calls"] for r in replies}) == 1
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="counter"))
+
+
+@pytest.mark.parametrize("url, code", [
+    ("http://127.0.0.1:9/fn.mar", grpc.StatusCode.PERMISSION_DENIED),    # SSRF (CVE-2023-43654)
+    ("http://169.254.169.254/latest/meta-data", grpc.StatusCode.PERMISSION_DENIED),
+    ("file:///etc/passwd", grpc.StatusCode.PERMISSION_DENIED),
+    # '..' is refused however it is spelled, before anything is looked up (CVE-2024-35198)
+    ("../store/fn.mar", grpc.StatusCode.INVALID_ARGUMENT),
+    ("%2e%2e/store/fn.mar", grpc.StatusCode.INVALID_ARGUMENT),
+    ("missing.mar", grpc.StatusCode.NOT_FOUND),
+])
+def test_register_refuses_urls_outside_the_store_and_the_allow_list(inference: Any, management: Any, url: str,
+                                                                    code: grpc.StatusCode) -> None:
+    got, details = code_of(lambda: register(management, url))
+    assert got is code, details
+    assert json.loads(predict(inference, "add", v2_body([0.0] * 16)))["outputs"][0]["data"] == [1.0] * 16
