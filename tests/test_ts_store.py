@@ -110,7 +110,7 @@ class Site:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 site.requests.append(self.path)
                 if self.path in site.redirects:
                     self.send_response(302)
@@ -248,8 +248,8 @@ def test_names_that_are_not_there_or_not_names(root: Path, work: Path) -> None:
         store.fetch("s3://bucket/model.mar", None)
     with pytest.raises(InvalidInput, match="url is required"):
         store.fetch("", None)
+    (root / "m").mkdir()
     with pytest.raises(InvalidInput, match="model_name"):
-        (root / "m").mkdir()
         store.fetch("m", "../escape")
     assert _slots(work) == []
 
@@ -499,7 +499,7 @@ def test_cve_2023_43654_a_redirect_goes_only_where_the_allow_list_lets_the_clien
     assert site.requests == ["/public/moved.mar", "/public/adder.mar"]
     for path in ("out", "host", "trap", "file"):
         site.requests.clear()
-        with pytest.raises(PermissionDenied, match="redirects to .* which --allowed-urls does not match"):
+        with pytest.raises(PermissionDenied, match=r"redirects to .* which --allowed-urls does not match"):
             store.fetch(f"{site.base}/public/{path}.mar", None)
         assert site.requests == [f"/public/{path}.mar"]  # the redirect was never followed
     assert _no_connection(trap)
