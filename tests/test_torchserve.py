@@ -33,7 +33,8 @@ HANDLERS = {
     # a module with handle(): TorchServe calls handle(None, context) once to initialise it
     "fn_handler.py": '''
         import json
-        
+        import numpy as np
+
         def handle(data, context):
             if data is None:
                 return None
@@ -222,6 +223,16 @@ def test_32_concurrent_predictions_each_get_their_own_answer(inference: Any) -> 
 def test_register_infer_over_both_apis_and_unregister(server: ServerProcess, inference: Any,
                                                       management: Any) -> None:
     msg = register(management, "fn.mar")
+    try:
+        _registered_fn_serves_both_apis(server, inference, management, msg)
+    finally:  # whatever failed, the next test starts without it
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="fn"))
+    got, _ = code_of(lambda: predict(inference, "fn", b"[]"))
+    assert got is grpc.StatusCode.NOT_FOUND
+    assert requests.get(f"{server.url}/v2/models/fn", timeout=10).status_code == 404
+
+
+def _registered_fn_serves_both_apis(server: ServerProcess, inference: Any, management: Any, msg: str) -> None:
     assert msg == 'Model "fn" Version: 1.0 registered with 1 initial workers'
     doc = json.loads(predict(inference, "fn", json.dumps([1.0] * 16).encode()))
     assert doc == {"y": [2.0] * 16, "model": "fn", "version": "1.0"}
@@ -238,9 +249,7 @@ def test_register_infer_over_both_apis_and_unregister(server: ServerProcess, inf
     assert got is grpc.StatusCode.ALREADY_EXISTS and "1.0" in details  # TorchServe: UNKNOWN, no details
     assert management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="fn")).msg == \
         'Model "fn" unregistered'
-    got, _ = code_of(lambda: predict(inference, "fn", b"[]"))
-    assert got is grpc.StatusCode.NOT_FOUND
-    assert requests.get(f"{server.url}/v2/models/fn", timeout=10).status_code == 404
+    register(management, "fn.mar")  # for the finally above
 
 
 def test_versions_default_and_set_default(inference: Any, management: Any) -> None:
