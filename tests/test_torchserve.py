@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -85,6 +86,20 @@ HANDLERS = {
                     yield [word for _ in data]
             return gen()
     ''',
+    # TorchServe's stateful example: a sum per sequence, kept in the handler instance
+    "stateful_handler.py": '''
+        class Sums:
+            def initialize(self, context):
+                self.sums = {}
+
+            def handle(self, data, context):
+                out = []
+                for i, item in enumerate(data):
+                    seq = context.get_sequence_id(i)
+                    self.sums[seq] = self.sums.get(seq, 0) + int(item["data"])
+                    out.append(f"{seq}={self.sums[seq]} by {id(self)}")
+                return out
+    ''',
     "slow_handler.py": '''
         import time
 
@@ -116,6 +131,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_mar(out, "slow", "1.0", xml, [bin_], handler=built / "slow_handler.py",
               config_file=write_model_config(built / "slow", min_workers=1, response_timeout=1))
     build_mar(out, "tensors", "1.0", xml, [bin_])  # no handler of its own: base_handler
+    build_mar(out, "sums", "1.0", xml, [bin_], handler=built / "stateful_handler.py",
+              config_file=write_model_config(built / "sums", min_workers=2, max_workers=2, batch_size=2,
+                                             max_batch_delay=5, sequence_batching=True,
+                                             sequenceMaxIdleMSec=400, maxNumSequence=2))
     return out
 
 
@@ -423,3 +442,35 @@ def test_register_refuses_urls_outside_the_store_and_the_allow_list(inference: A
     got, details = code_of(lambda: register(management, url))
     assert got is code, details
     assert json.loads(predict(inference, "add", v2_body([0.0] * 16)))["outputs"][0]["data"] == [1.0] * 16
+
+
+def test_sequences_keep_their_state_on_one_worker_and_idle_ones_are_released(inference: Any,
+                                                                            management: Any) -> None:
+    register(management, "sums.mar")
+    try:
+        def stream(*steps: tuple[str, int]) -> list[Any]:
+            return list(inference.StreamPredictions2(iter([
+                inference_pb2.PredictionsRequest(model_name="sums", input={"data": str(n).encode()}, sequence_id=seq)
+                for seq, n in steps]), timeout=30))
+
+        replies = stream(("a", 1), ("b", 10), ("a", 2), ("b", 20), ("a", 3))
+        got = [r.prediction.decode().split(" by ") for r in replies]
+        assert [g[0] for g in got] == ["a=1", "b=10", "a=3", "b=30", "a=6"]
+        by_seq = {seq: {w for s, w in ((g[0][0], g[1]) for g in got) if s == seq} for seq in "ab"}
+        assert len(by_seq["a"]) == 1 and len(by_seq["b"]) == 1 and by_seq["a"] != by_seq["b"]  # one worker each
+        # two sequences are open (maxNumSequence 2): a third waits for one to be released
+        (third,) = stream(("c", 5))
+        assert third.status.code == grpc.StatusCode.UNAVAILABLE.value[0] and "maxNumSequence" in third.status.message
+        (described,) = json.loads(management.DescribeModel(
+            management_pb2.DescribeModelRequest(model_name="sums")).msg)
+        assert described["sequenceBatching"] is True and described["openSequences"] == 2
+        deadline = time.monotonic() + 10
+        while described["openSequences"] and time.monotonic() < deadline:  # idle past 400 ms: released
+            time.sleep(0.1)
+            (described,) = json.loads(management.DescribeModel(
+                management_pb2.DescribeModelRequest(model_name="sums")).msg)
+        assert described["openSequences"] == 0
+        (third,) = stream(("c", 5))
+        assert third.prediction.decode().startswith("c=5")
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="sums"))

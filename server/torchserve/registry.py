@@ -123,7 +123,7 @@ class HandlerRegistry:
 
     def _make_entry(self, mv: ModelVersion, model_dir: Path, url: str, handler: str | None,
                     manifest: dict[str, Any], yaml: dict[str, Any], batch_size: int, delay_ms: int,
-                    timeout_s: float) -> Entry:
+                    timeout_s: float, sequences: Any = None) -> Entry:
         label = self.manager.label(mv.name, mv.version)
         model = mv.model
         assert model is not None
@@ -136,7 +136,12 @@ class HandlerRegistry:
             return Context(mv.name, str(model_dir), manifest, batch_size, handler_model, yaml, __version__)
 
         where = f"model {mv.name!r} version {label}"
-        workers = Workers(where, spec, context, batch_size, delay_ms / 1000, timeout_s)
+        stateful = bool(sequences is not None and sequences.sequence_batching)
+        idle_ms = (sequences.sequence_max_idle_ms or 0) if stateful else 0
+        most = yaml.get("maxNumSequence")
+        workers = Workers(where, spec, context, batch_size, delay_ms / 1000, timeout_s, stateful=stateful,
+                          sequence_idle_s=idle_ms / 1000,
+                          max_sequences=most if isinstance(most, int) and not isinstance(most, bool) else 0)
         return Entry(mv.name, mv.version, label, model_dir, url, spec, workers, manifest)
 
     # -- health ------------------------------------------------------------------
@@ -212,7 +217,7 @@ class HandlerRegistry:
             timeout = reg.response_timeout_s or config.response_timeout_s or DEFAULT_RESPONSE_TIMEOUT_S
             try:
                 entry = self._make_entry(mv, info.model_dir, reg.url, reg.handler or info.handler, info.manifest,
-                                         info.yaml_config, batch, delay, timeout)
+                                         info.yaml_config, batch, delay, timeout, sequences=config)
             except ServerError:
                 await self._forget(name, number, base)
                 raise
@@ -377,6 +382,8 @@ class HandlerRegistry:
             "state": mv.status.state.value,
             "workers": entry.workers.describe() if entry else [],
             "jobQueueStatus": {"remainingCapacity": 1000, "pendingRequests": entry.workers.pending() if entry else 0},
+            "sequenceBatching": bool(entry and entry.workers.stateful),
+            "openSequences": entry.workers.open_sequences() if entry else 0,
             # what TorchServe's gRPC API cannot tell: the model's own inputs and outputs
             "inputs": [_port(p) for p in (model.inputs if model else [])],
             "outputs": [_port(p) for p in (model.outputs if model else [])],

@@ -14,11 +14,11 @@ replaced by a fresh one (the thread is left to finish: Python cannot stop it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import itertools
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +51,11 @@ class Worker:
     thread: ThreadPoolExecutor
     id: int = field(default_factory=lambda: next(_ids))
     started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
+    own: deque[Job] = field(default_factory=deque)  # jobs of the sequences bound to this worker
+    sequences: set[str] = field(default_factory=set)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    retired: bool = False
+    task: asyncio.Task[None] | None = None
 
 
 def status_error(status: int, phrase: str) -> ServerError:
@@ -78,21 +83,26 @@ def _results(result: Any, n: int, where: str) -> list[Any]:
 
 class Workers:
     def __init__(self, where: str, spec: HandlerSpec, make_context: Callable[[], Context],
-                 batch_size: int = 1, max_batch_delay_s: float = 0.1, response_timeout_s: float = 120.0) -> None:
+                 batch_size: int = 1, max_batch_delay_s: float = 0.1, response_timeout_s: float = 120.0,
+                 stateful: bool = False, sequence_idle_s: float = 0.0, max_sequences: int = 0) -> None:
         self.where = where
         self.spec = spec
         self.make_context = make_context
         self.batch_size = max(1, batch_size)
         self.max_batch_delay_s = max_batch_delay_s
         self.response_timeout_s = response_timeout_s
+        #: sequence batching (TorchServe's sequenceBatching): a sequence's requests go to one worker, one
+        #: at a time and in order, so the handler instance can keep the sequence's state
+        self.stateful = stateful
+        self.sequence_idle_s = sequence_idle_s  # a sequence idle this long is released (0: never)
+        self.max_sequences = max_sequences  # open sequences at most (0: minWorkers x batchSize)
         self.min_workers = 0
         self.max_workers = 0
         self.workers: list[Worker] = []
-        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
-        self._queue: asyncio.Queue[Job] = asyncio.Queue()
-        self._retired: set[int] = set()  # workers scaled down while busy: not back to the idle queue
-        self._dispatcher: asyncio.Task[None] | None = None
-        self._running: set[asyncio.Task[None]] = set()  # batches being handled (held: the loop keeps weak refs)
+        self._shared: deque[Job] = deque()
+        self._bound: dict[str, Worker] = {}  # open sequence -> its worker
+        self._seen: dict[str, float] = {}  # open sequence -> loop time of its last request
+        self._janitor: asyncio.Task[None] | None = None
         self._scaling = asyncio.Lock()
 
     # -- scaling -------------------------------------------------------------
@@ -104,9 +114,13 @@ class Workers:
             while len(self.workers) > target:
                 self._retire(self.workers[-1])
             while len(self.workers) < target:
-                self.workers.append(await self._new_worker())
-            if self._dispatcher is None and self.workers:
-                self._dispatcher = asyncio.create_task(self._dispatch(), name=f"ovserve-ts-{self.where}")
+                self._start(await self._new_worker())
+            if self.stateful and self.sequence_idle_s > 0 and self._janitor is None:
+                self._janitor = asyncio.create_task(self._release_idle(), name=f"ovserve-ts-idle {self.where}")
+
+    def _start(self, worker: Worker) -> None:
+        self.workers.append(worker)
+        worker.task = asyncio.create_task(self._serve(worker), name=f"ovserve-ts-worker-{worker.id}")
 
     async def _new_worker(self) -> Worker:
         context = self.make_context()
@@ -127,63 +141,118 @@ class Workers:
             thread.shutdown(wait=False)
             raise InvalidInput(f"{self.where}: handler {self.spec.describe()} failed to initialize: "
                                f"{type(exc).__name__}: {exc}") from exc
-        worker = Worker(handle, context, thread)
-        self._idle.put_nowait(worker)
-        return worker
+        return Worker(handle, context, thread)
 
     def _retire(self, worker: Worker) -> None:
+        """The worker ends after the batch it is handling; what was queued for its sequences goes to the others."""
         self.workers.remove(worker)
-        self._retired.add(worker.id)
+        worker.retired = True
+        worker.wake.set()
         worker.thread.shutdown(wait=False)
+        for seq in worker.sequences:
+            self._bound.pop(seq, None)
+            self._seen.pop(seq, None)
+        worker.sequences.clear()
+        if worker.own:
+            self._shared.extendleft(reversed(worker.own))
+            worker.own.clear()
+            self._wake_all()
 
     async def close(self) -> None:
         for worker in list(self.workers):
             self._retire(worker)
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._dispatcher
-        while not self._queue.empty():
-            job = self._queue.get_nowait()
-            if not job.future.done():
-                job.future.set_exception(Unavailable(f"{self.where} was unregistered"))
+        if self._janitor is not None:
+            self._janitor.cancel()
+        while self._shared:
+            _fail(self._shared.popleft(), Unavailable(f"{self.where} was unregistered"))
 
     # -- requests ------------------------------------------------------------
     async def submit(self, item: Item, data: dict[str, bytes], send: Sink | None = None) -> Any:
         if not self.workers:
             raise Unavailable(f"{self.where} has no workers: scale it up (ScaleWorker min_worker >= 1)")
-        job = Job(item, data, asyncio.get_running_loop().create_future(), send)
-        self._queue.put_nowait(job)
+        loop = asyncio.get_running_loop()
+        job = Job(item, data, loop.create_future(), send)
+        seq = item.sequence_id if self.stateful else ""
+        if seq:
+            worker = self._bound.get(seq) or self._bind(seq)
+            self._seen[seq] = loop.time()
+            worker.own.append(job)
+            worker.wake.set()
+        else:
+            self._shared.append(job)
+            self._wake_all()
         return await job.future
 
-    async def _dispatch(self) -> None:
+    def _bind(self, seq: str) -> Worker:
+        most = self.max_sequences or len(self.workers) * self.batch_size
+        if len(self._bound) >= most:
+            raise Unavailable(f"{self.where}: {len(self._bound)} sequences are open, its most (maxNumSequence "
+                              f"{most}); end one or wait for an idle one to be released")
+        worker = min(self.workers, key=lambda w: len(w.sequences))
+        worker.sequences.add(seq)
+        self._bound[seq] = worker
+        return worker
+
+    def _wake_all(self) -> None:
+        for worker in self.workers:
+            worker.wake.set()
+
+    def _take(self, worker: Worker, exclude: set[str]) -> Job | None:
+        """The next job for ``worker``: its sequences' first (one per sequence in a batch), then anyone's."""
+        for job in worker.own:
+            if job.item.sequence_id not in exclude:
+                worker.own.remove(job)
+                return job
+        while self._shared:
+            job = self._shared.popleft()
+            if not job.future.done():  # a job cancelled while queued is dropped here
+                return job
+        return None
+
+    async def _serve(self, worker: Worker) -> None:
+        """One worker's loop: a batch at a time, up to batch_size jobs within max_batch_delay of the first."""
         loop = asyncio.get_running_loop()
-        while True:
-            worker = await self._idle.get()
-            if worker.id in self._retired:
+        while not worker.retired:
+            job = self._take(worker, set())
+            if job is None:
+                worker.wake.clear()
+                await worker.wake.wait()
                 continue
-            batch = [await self._queue.get()]
+            batch, seqs = [job], {job.item.sequence_id}
             deadline = loop.time() + self.max_batch_delay_s
-            while len(batch) < self.batch_size:
-                try:
-                    batch.append(self._queue.get_nowait())
+            while len(batch) < self.batch_size and not worker.retired:
+                more = self._take(worker, seqs)
+                if more is not None:
+                    batch.append(more)
+                    seqs.add(more.item.sequence_id)
                     continue
-                except asyncio.QueueEmpty:
-                    pass
                 left = deadline - loop.time()
                 if left <= 0:
                     break
+                worker.wake.clear()
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), left))
+                    await asyncio.wait_for(worker.wake.wait(), left)
                 except TimeoutError:
                     break
-            batch = [j for j in batch if not j.future.done()]  # cancelled while queued
+            batch = [j for j in batch if not j.future.done()]
             if batch:
-                task = asyncio.create_task(self._run(worker, batch))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
-            else:
-                self._idle.put_nowait(worker)
+                await self._run(worker, batch)
+
+    async def _release_idle(self) -> None:
+        """Sequences idle for sequence_idle_s are released: their worker is free for new ones."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.05, self.sequence_idle_s / 4))
+            now = loop.time()
+            for seq, seen in list(self._seen.items()):
+                worker = self._bound.get(seq)
+                if now - seen < self.sequence_idle_s or worker is None:
+                    continue
+                if any(job.item.sequence_id == seq for job in worker.own):
+                    continue
+                log.info("%s: sequence %s idle for %gs: released", self.where, seq, self.sequence_idle_s)
+                worker.sequences.discard(seq)
+                del self._bound[seq], self._seen[seq]
 
     async def _run(self, worker: Worker, batch: list[Job]) -> None:
         """Answer every job of the batch; the worker goes back to the idle queue (or is replaced)."""
@@ -209,8 +278,6 @@ class Workers:
                         _fail(job, self._error(job, alone))
         else:
             _answer(batch, values)
-        if worker.id not in self._retired:
-            self._idle.put_nowait(worker)
 
     def _error(self, job: Job, exc: BaseException) -> ServerError:
         if isinstance(exc, ServerError):
@@ -262,7 +329,7 @@ class Workers:
         if worker in self.workers:
             self._retire(worker)
             try:
-                self.workers.append(await self._new_worker())
+                self._start(await self._new_worker())
             except ServerError as exc:
                 log.error("%s: could not start a replacement worker: %s", self.where, exc.message)
 
@@ -272,7 +339,10 @@ class Workers:
                  "pid": os.getpid(), "gpu": False, "gpuUsage": "N/A"} for w in self.workers]
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        return len(self._shared) + sum(len(w.own) for w in self.workers)
+
+    def open_sequences(self) -> int:
+        return len(self._bound)
 
 
 class _TimedOut(Exception):
