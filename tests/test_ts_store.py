@@ -16,7 +16,10 @@ from __future__ import annotations
 import http.server
 import io
 import os
+import shutil
 import socket
+import ssl
+import subprocess
 import tarfile
 import threading
 import zipfile
@@ -534,6 +537,28 @@ def test_proxies_from_the_environment_are_not_used(site: Site, work: Path, ir: P
     store = ModelStore(None, (rf"http://127\.0\.0\.1:{site.port}/.*",), work)
     assert (store.fetch(f"{site.base}/adder.mar", None) / "model.xml").is_file()
     assert _no_connection(trap)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is not installed")
+def test_https_connects_to_the_address_checked_and_still_verifies_the_host_name(
+        site: Site, tmp_path: Path, work: Path, ir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    site.server.socket = context.wrap_socket(site.server.socket, server_side=True)
+    _mar(site.folder, ir)
+    store = ModelStore(None, (rf"https://localhost:{site.port}/.*",), work)
+    url = f"https://localhost:{site.port}/adder.mar"
+
+    with pytest.raises(InvalidInput, match="CERTIFICATE_VERIFY_FAILED"):  # a certificate nobody trusts
+        store.fetch(url, None)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted now: OpenSSL's default verify paths read it
+    assert (store.fetch(url, None) / "model.xml").is_file()  # connected to 127.0.0.1, verified as localhost
+    assert _slots(work) and len(_slots(work)) == 1
 
 
 # -- limits and failures: the storage initializer's hardened path ----------------------------------------
