@@ -12,7 +12,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,14 +35,14 @@ SWITCH_INTERVAL = 0.0005
 
 
 def _regexes(text: str) -> tuple[str, ...]:
-    """Comma-separated regular expressions (TorchServe's allowed_urls), each checked to compile."""
-    found = tuple(part.strip() for part in text.split(",") if part.strip())
-    for pattern in found:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise argparse.ArgumentTypeError(f"{pattern!r} is not a regular expression: {exc}") from None
-    return found
+    """Comma-separated regular expressions (TorchServe's allowed_urls; a comma inside {}, [] or () is the
+    pattern's own), each checked to compile."""
+    from .torchserve.store import parse_allowed_urls  # the model store's own reading, when the flag is used
+
+    try:
+        return parse_allowed_urls(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _json_object(text: str) -> dict[str, Any]:

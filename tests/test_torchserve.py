@@ -131,6 +131,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_mar(out, "slow", "1.0", xml, [bin_], handler=built / "slow_handler.py",
               config_file=write_model_config(built / "slow", min_workers=1, response_timeout=1))
     build_mar(out, "tensors", "1.0", xml, [bin_])  # no handler of its own: base_handler
+    # the model file named as the model, beside another .xml the handler reads: the model is the serialized file
+    named = built / "named"
+    named.mkdir()
+    (named / "add.xml").write_bytes(xml.read_bytes())
+    (named / "add.bin").write_bytes(bin_.read_bytes())
+    (named / "settings.xml").write_text("<settings/>")
+    build_mar(out, "named", "3.1", named / "add.xml", [named / "add.bin", named / "settings.xml"])
     build_mar(out, "sums", "1.0", xml, [bin_], handler=built / "stateful_handler.py",
               config_file=write_model_config(built / "sums", min_workers=2, max_workers=2, batch_size=2,
                                              max_batch_delay=5, sequence_batching=True,
@@ -474,3 +481,12 @@ def test_sequences_keep_their_state_on_one_worker_and_idle_ones_are_released(inf
         assert third.prediction.decode().startswith("c=5")
     finally:
         management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="sums"))
+
+
+def test_the_serialized_file_is_the_model_whatever_else_the_archive_holds(inference: Any, management: Any) -> None:
+    assert register(management, "named.mar") == 'Model "named" Version: 3.1 registered with 1 initial workers'
+    try:
+        doc = json.loads(predict(inference, "named", v2_body([1.0] * 16), version="3.1"))
+        assert doc["outputs"][0]["data"] == [2.0] * 16
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="named"))

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from ..errors import (
     AlreadyExists,
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidInput,
     NotFound,
@@ -198,7 +199,7 @@ class HandlerRegistry:
             number = next(numbers)
             base = self.work / "models" / name
             base.mkdir(parents=True, exist_ok=True)
-            (base / str(number)).symlink_to(Path(info.model_file).parent.resolve(), target_is_directory=True)
+            _link_version(base / str(number), Path(info.model_file))
             self.manager.labels.setdefault(name, {})[number] = label
             first = name not in self.manager.defaults
             if first:
@@ -243,7 +244,7 @@ class HandlerRegistry:
         return "Processing worker updates..."
 
     async def _forget(self, name: str, number: int, base: Path) -> None:
-        (base / str(number)).unlink(missing_ok=True)
+        shutil.rmtree(base / str(number), ignore_errors=True)
         self.manager.labels.get(name, {}).pop(number, None)
         if self.manager.defaults.get(name) == number:
             self.manager.defaults.pop(name)
@@ -303,7 +304,12 @@ class HandlerRegistry:
         scaling = entry.workers.scale(low, high)
         if s.synchronous:
             if s.timeout > 0:
-                await asyncio.wait_for(scaling, s.timeout)
+                try:
+                    await asyncio.wait_for(asyncio.shield(task := asyncio.ensure_future(scaling)), s.timeout)
+                except TimeoutError:
+                    task.add_done_callback(lambda t: _report(t, f"model {entry.name!r} version {entry.label}"))
+                    raise DeadlineExceeded(f"model {entry.name!r} version {entry.label}: the workers did not "
+                                           f"start within the timeout ({s.timeout} s); they go on starting") from None
             else:
                 await scaling
             return (f'Workers scaled to {len(entry.workers.workers)} for model: {entry.name}, '
@@ -401,6 +407,25 @@ class HandlerRegistry:
 def _port(p: Any) -> dict[str, Any]:
     spec = p.spec
     return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+
+def _link_version(folder: Path, model_file: Path) -> None:
+    """The manager's version folder for a registered model: links to the files beside its model file, and
+    ``model.xml``/``model.bin`` (or ``model.onnx``) to the model itself, which the manager picks first
+    whatever else the archive holds."""
+    folder.mkdir(parents=True)
+    source = model_file.resolve().parent
+    for entry in source.iterdir():
+        (folder / entry.name).symlink_to(entry.resolve())
+    suffix = model_file.suffix.lower()
+    canonical = folder / f"model{suffix}"
+    if model_file.name != canonical.name:
+        canonical.unlink(missing_ok=True)
+        canonical.symlink_to(model_file.resolve())
+        weights = model_file.with_suffix(".bin")
+        if suffix == ".xml" and weights.is_file():
+            (folder / "model.bin").unlink(missing_ok=True)
+            (folder / "model.bin").symlink_to(weights.resolve())
 
 
 def _labels(path: Path) -> list[str] | None:
