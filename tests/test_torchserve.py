@@ -100,6 +100,14 @@ HANDLERS = {
                     out.append(f"{seq}={self.sums[seq]} by {id(self)}")
                 return out
     ''',
+    "broken_handler.py": '''
+        class Broken:
+            def initialize(self, context):
+                raise RuntimeError("cannot start: no licence file")
+
+            def handle(self, data, context):
+                return ["never"]
+    ''',
     "slow_handler.py": '''
         import time
 
@@ -138,6 +146,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (named / "add.bin").write_bytes(bin_.read_bytes())
     (named / "settings.xml").write_text("<settings/>")
     build_mar(out, "named", "3.1", named / "add.xml", [named / "add.bin", named / "settings.xml"])
+    build_mar(out, "broken", "1.0", xml, [bin_], handler=built / "broken_handler.py")
     build_mar(out, "sums", "1.0", xml, [bin_], handler=built / "stateful_handler.py",
               config_file=write_model_config(built / "sums", min_workers=2, max_workers=2, batch_size=2,
                                              max_batch_delay=5, sequence_batching=True,
@@ -490,3 +499,23 @@ def test_the_serialized_file_is_the_model_whatever_else_the_archive_holds(infere
         assert doc["outputs"][0]["data"] == [2.0] * 16
     finally:
         management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="named"))
+
+
+def test_ping_is_unhealthy_while_a_default_version_lacks_its_workers(inference: Any, management: Any) -> None:
+    # synchronous: the failure is the answer; asynchronous: the model stays, without its worker
+    got, details = code_of(lambda: register(management, "broken.mar"))
+    assert got is grpc.StatusCode.INVALID_ARGUMENT and "no licence file" in details
+    register(management, "broken.mar", synchronous=False)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            health = json.loads(inference.Ping(empty_pb2.Empty(), timeout=10).health)
+            if health["status"] == "Unhealthy":
+                break
+            time.sleep(0.05)
+        assert health == {"status": "Unhealthy"}
+        got, details = code_of(lambda: predict(inference, "broken", b"x"))
+        assert got is grpc.StatusCode.UNAVAILABLE and "no workers" in details
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="broken"))
+    assert json.loads(inference.Ping(empty_pb2.Empty(), timeout=10).health) == {"status": "Healthy"}
