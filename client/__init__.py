@@ -13,6 +13,8 @@ V2 gRPC), :mod:`.connection` (address, backoff, the protocols' interface),
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .connection import split_host
 from .errors import (
     PREFIX,
@@ -33,3 +35,22 @@ __all__ = [
     "PredictorTimeout", "PredictorNotFound", "PredictorInvalidInput", "PredictorInternal",
     "PredictorFailedPrecondition", "PredictorPayloadTooLarge", "PredictorUnsupported",
 ]
+
+# TorchServe's gRPC client is loaded on first use: importing ovserve.client loads neither grpc nor ovserve's
+# TorchServe stubs, which claim TorchServe's protobuf package in the default pool (a process holding a
+# TorchServe user's own generated stubs, or the transformer, imports this package).
+__all__ += ["TorchServeGRPCClient", "PredictionsRequest", "StreamPredictionError"]
+#: name -> the module that defines it, imported on first use
+_LAZY = {"TorchServeGRPCClient": "torchserve", "PredictionsRequest": "torchserve",
+         "StreamPredictionError": "torchserve"}
+
+if TYPE_CHECKING:
+    from .torchserve import PredictionsRequest, StreamPredictionError, TorchServeGRPCClient
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
