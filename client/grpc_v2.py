@@ -1,22 +1,26 @@
-"""KServe V2 gRPC to a predictor (``grpc-v2``): one grpc.aio channel, and the protobuf <-> neutral types.
+"""KServe V2 gRPC: the protobuf <-> neutral types both clients use, and the predictor's channel (``grpc-v2``).
 
-Imported only when a client uses ``grpc-v2``, so that a process which never
-talks gRPC never loads ovserve's protobuf package (``inference``, the one copy
-in :mod:`ovserve.common.proto` that the server's servicer uses too).
+The converters serve :class:`GrpcPredictor` (the transformer's and explainer's
+connection) and :class:`~.kserve_grpc.InferenceGRPCClient` with KServe's types
+(:mod:`.infer_type`). Imported only when a client uses gRPC, so that a process
+which never talks gRPC never loads ovserve's protobuf package (``inference``,
+the one copy in :mod:`ovserve.common.proto` that the server's servicer uses too).
 """
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
+from ovserve.common.errors import InvalidInput
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
-from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
+from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 
 from .connection import backoff
 from .errors import PredictorTimeout, PredictorUnavailable, error_from_grpc
@@ -33,33 +37,105 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def request_to_pb(request: InferRequest, model: str) -> pb.ModelInferRequest:
-    msg = pb.ModelInferRequest(model_name=model, model_version=request.model_version, id=request.id)
-    params_to_pb(msg.parameters, request.parameters)
-    for t in request.inputs:
-        arr = np.asarray(t.data)
-        tensor = msg.inputs.add(name=t.name, datatype=t.datatype, shape=list(arr.shape))
-        params_to_pb(tensor.parameters, reply_parameters(t.parameters))  # REST's binary directives stay behind
-        msg.raw_input_contents.append(to_raw(arr, t.datatype))
-    for o in request.outputs:
-        out = msg.outputs.add(name=o.name)
-        params_to_pb(out.parameters, reply_parameters(o.parameters))
+#: One input as it goes on the wire: name, datatype, shape, parameters, raw bytes.
+WireInput = tuple[str, str, Sequence[int], dict[str, Any], bytes]
+
+
+def infer_request_pb(model: str, version: str, request_id: str, parameters: dict[str, Any],
+                     inputs: Iterable[WireInput],
+                     outputs: Iterable[tuple[str, dict[str, Any]]]) -> pb.ModelInferRequest:
+    """A ModelInferRequest with every input in ``raw_input_contents`` (one form the server reads without a
+    conversion). Input and output parameters go without REST's binary directives."""
+    msg = pb.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    params_to_pb(msg.parameters, parameters)
+    for name, datatype, shape, params, raw in inputs:
+        tensor = msg.inputs.add(name=name, datatype=datatype, shape=list(shape))
+        params_to_pb(tensor.parameters, reply_parameters(params))
+        msg.raw_input_contents.append(raw)
+    for name, params in outputs:
+        out = msg.outputs.add(name=name)
+        params_to_pb(out.parameters, reply_parameters(params))
     return msg
 
 
-def response_from_pb(msg: pb.ModelInferResponse) -> InferResponse:
-    raw = msg.raw_output_contents
-    outputs = []
-    for i, out in enumerate(msg.outputs):
-        where = f"predictor output {out.name!r}"
-        shape = check_shape(out.shape, where)
+def request_to_pb(request: InferRequest, model: str) -> pb.ModelInferRequest:
+    inputs = []
+    for t in request.inputs:
+        arr = np.asarray(t.data)
+        inputs.append((t.name, t.datatype, arr.shape, t.parameters, to_raw(arr, t.datatype)))
+    return infer_request_pb(model, request.model_version, request.id, request.parameters, inputs,
+                            [(o.name, o.parameters) for o in request.outputs])
+
+
+def _tensors(items: Any, raw: Sequence[bytes], what: str) -> list[Tensor]:
+    """InferInputTensor or InferOutputTensor messages, with their raw contents when there are any."""
+    out = []
+    for i, t in enumerate(items):
+        where = f"{what} {t.name!r}"
+        shape = check_shape(t.shape, where)
         if raw:
-            data = from_raw(where, out.datatype, shape, raw[i])
+            if i >= len(raw):
+                raise InvalidInput(f"{where}: {len(raw)} raw contents for {len(items)} tensors")
+            data = from_raw(where, t.datatype, shape, raw[i])
         else:
-            data = from_values(where, out.datatype, shape, list(getattr(out.contents, CONTENTS_FIELD[out.datatype])))
-        outputs.append(Tensor(out.name, out.datatype, shape, data, params_from_pb(out.parameters)))
-    return InferResponse(model_name=msg.model_name, model_version=msg.model_version, outputs=outputs,
+            field = CONTENTS_FIELD.get(t.datatype)
+            values = list(getattr(t.contents, field)) if field else []
+            data = from_values(where, t.datatype, shape, values, typed=True)
+        out.append(Tensor(t.name, t.datatype, shape, data, params_from_pb(t.parameters)))
+    return out
+
+
+def request_from_pb(msg: pb.ModelInferRequest, what: str = "input") -> InferRequest:
+    """A ModelInferRequest as neutral types (raw or typed contents)."""
+    return InferRequest(model_name=msg.model_name, inputs=_tensors(msg.inputs, msg.raw_input_contents, what),
+                        model_version=msg.model_version, id=msg.id, parameters=params_from_pb(msg.parameters),
+                        outputs=[RequestedOutput(o.name, params_from_pb(o.parameters)) for o in msg.outputs])
+
+
+def response_to_pb(response: InferResponse) -> pb.ModelInferResponse:
+    """Neutral types as a ModelInferResponse, every output in ``raw_output_contents``."""
+    msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
+                                id=response.id)
+    params_to_pb(msg.parameters, response.parameters)
+    for t in response.outputs:
+        arr = np.asarray(t.data)
+        out = msg.outputs.add(name=t.name, datatype=t.datatype, shape=list(arr.shape))
+        params_to_pb(out.parameters, reply_parameters(t.parameters))
+        msg.raw_output_contents.append(to_raw(arr, t.datatype))
+    return msg
+
+
+def response_from_pb(msg: pb.ModelInferResponse, what: str = "predictor output") -> InferResponse:
+    """A ModelInferResponse as neutral types (raw or typed contents); ``what`` names an output in errors."""
+    return InferResponse(model_name=msg.model_name, model_version=msg.model_version,
+                         outputs=_tensors(msg.outputs, msg.raw_output_contents, what),
                          id=msg.id, parameters=params_from_pb(msg.parameters))
+
+
+def as_infer_request(message: Any) -> pb.ModelInferRequest | None:
+    """``message`` as this package's ModelInferRequest: itself, or a copy when it is another set of stubs'
+    ``inference.ModelInferRequest`` (the wire format is one); None for anything else."""
+    if isinstance(message, pb.ModelInferRequest):
+        return message
+    descriptor = getattr(message, "DESCRIPTOR", None)
+    if getattr(descriptor, "full_name", None) == "inference.ModelInferRequest":
+        return pb.ModelInferRequest.FromString(message.SerializeToString())
+    return None
+
+
+def model_metadata_dict(md: pb.ModelMetadataResponse) -> dict[str, Any]:
+    """ModelMetadataResponse in V2 REST's JSON form."""
+
+    def specs(items: Any) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in items]
+
+    return {"name": md.name, "versions": list(md.versions), "platform": md.platform,
+            "inputs": specs(md.inputs), "outputs": specs(md.outputs)}
+
+
+def server_metadata_dict(md: pb.ServerMetadataResponse) -> dict[str, Any]:
+    """ServerMetadataResponse in V2 REST's JSON form."""
+    return {"name": md.name, "version": md.version, "extensions": list(md.extensions)}
 
 
 class GrpcPredictor:

@@ -1,13 +1,16 @@
-"""KServe V1 and V2 REST to a predictor: one pooled aiohttp session.
+"""KServe V1 and V2 REST over one pooled aiohttp session: the HTTP session both clients share, and the
+predictor's REST connection.
 
-The wire formats (neutral types <-> bodies) are :mod:`.rest_wire`; this module
-sends them, retries what never reached the predictor and turns its error
-replies into :mod:`.errors`. aiohttp is imported on first use, inside the event
-loop that owns the session.
+:class:`HttpSession` sends requests and retries what never reached the server;
+:class:`RestPredictor` (the transformer's and explainer's connection) and
+:class:`~.kserve_rest.InferenceRESTClient` (the public one) are built on it. The
+wire formats (neutral types <-> bodies) are :mod:`.rest_wire`. aiohttp is
+imported on first use, inside the event loop that owns the session.
 """
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 from urllib.parse import quote
 
@@ -17,6 +20,7 @@ from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
 from .connection import backoff
 from .errors import PredictorInternal, PredictorTimeout, PredictorUnavailable, error_from_http, http_message
+from .exceptions import ConnectError, TimeoutException
 from .rest_wire import (
     HEADER,
     decode_v1_predictions,
@@ -26,14 +30,18 @@ from .rest_wire import (
     metadata_from_json,
 )
 
+#: Seconds a connection may take before it counts as a failure to reach the server (and is retried).
+CONNECT_TIMEOUT = 5.0
+
 
 class Reply:
-    """A predictor's HTTP answer, read whole."""
+    """A server's HTTP answer, read whole."""
 
-    __slots__ = ("content", "headers", "status_code")
+    __slots__ = ("content", "headers", "reason_phrase", "status_code", "url")
 
-    def __init__(self, status: int, headers: Any, content: bytes) -> None:
+    def __init__(self, status: int, headers: Any, content: bytes, reason: str = "", url: str = "") -> None:
         self.status_code, self.headers, self.content = status, headers, content
+        self.reason_phrase, self.url = reason, url
 
     def json(self) -> Any:
         return orjson.loads(self.content)  # orjson.JSONDecodeError is a ValueError
@@ -42,11 +50,94 @@ class Reply:
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
 
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
 
 def model_path(model: str, version: str = "") -> str:
     """``/v2/models/{model}[/versions/{version}]``, both quoted."""
     p = f"/v2/models/{quote(model, safe='')}"
     return p + f"/versions/{quote(version, safe='')}" if version else p
+
+
+class HttpSession:
+    """One keep-alive aiohttp session, and the one retry loop of ovserve's REST clients.
+
+    A request is retried, ``retries`` times with a short backoff, only when it
+    never got an answer: the connection was refused, reset or closed before a
+    reply, or could not be made within :data:`CONNECT_TIMEOUT`. Then
+    :class:`~.exceptions.ConnectError`. A reply of any status is returned as it
+    is; no complete reply within ``timeout`` seconds (``None``: no limit) is
+    :class:`~.exceptions.TimeoutException`, never retried (the server may still
+    be working on it). A TLS failure is not retried either: it fails the same way
+    again. ``base`` is prepended to every path (``""``: paths are full URLs).
+    """
+
+    def __init__(self, base: str = "", *, timeout: float | None, retries: int,
+                 ssl_context: ssl.SSLContext | bool = True, connector: Any = None, auth: Any = None) -> None:
+        self.base = base
+        self.timeout = timeout
+        self.retries = max(0, int(retries))
+        self.ssl_context = ssl_context
+        self.connector = connector  # an aiohttp connector of the caller's (KServe's ``transport``), or None
+        self.auth = auth
+        self._http: Any = None  # an aiohttp.ClientSession, made on first use inside the event loop
+
+    def _session(self) -> Any:
+        import aiohttp
+
+        if self._http is None:
+            connector = self.connector or aiohttp.TCPConnector(limit=64, keepalive_timeout=30, ssl=self.ssl_context)
+            self._http = aiohttp.ClientSession(self.base or None, connector=connector, auth=self.auth,
+                                               timeout=self._timeout(self.timeout), auto_decompress=True)
+            # aiohttp tries an idempotent request once more by itself when its connection closes before an
+            # answer (RFC 9112's retry of a persistent connection); ``retries`` alone decides here, so that it
+            # counts every attempt. Private in aiohttp 3.10+, hence the guard.
+            if hasattr(self._http, "_retry_connection"):
+                self._http._retry_connection = False
+        return self._http
+
+    @staticmethod
+    def _timeout(limit: float | None) -> Any:
+        import aiohttp
+
+        connect = CONNECT_TIMEOUT if limit is None else min(limit, CONNECT_TIMEOUT)
+        return aiohttp.ClientTimeout(total=limit, connect=connect)
+
+    async def send(self, method: str, path: str, *, timeout: float | None = None, default_timeout: bool = True,
+                   **kw: Any) -> Reply:
+        """One request, retried only while the server cannot be reached. ``timeout`` replaces the session's
+        unless ``default_timeout`` (then ``None`` means the session's, as the predictor client passes it)."""
+        import aiohttp
+
+        session = self._session()
+        limit = (self.timeout if timeout is None else timeout) if default_timeout else timeout
+        per_call = self._timeout(limit)
+        where = self.base + path if self.base else path
+        attempt = 0
+        while True:
+            try:
+                async with session.request(method, path, timeout=per_call, **kw) as resp:
+                    return Reply(resp.status, resp.headers, await resp.read(), resp.reason or "", str(resp.url))
+            except aiohttp.ClientSSLError as exc:  # a certificate or handshake failure: the same again on retry
+                raise ConnectError(f"TLS with {where} failed ({type(exc).__name__}: {exc})") from exc
+            except aiohttp.ConnectionTimeoutError as exc:
+                error: Exception = exc  # could not even connect in time: worth another try
+            except asyncio.TimeoutError:
+                raise TimeoutException(f"no answer from {where} within {limit:g}s") from None
+            except aiohttp.ClientConnectionError as exc:  # refused, reset, or closed before answering
+                error = exc
+            if attempt >= self.retries:
+                raise ConnectError(
+                    f"unreachable at {where} ({type(error).__name__}: {error or 'no detail'})") from error
+            await asyncio.sleep(backoff(attempt))
+            attempt += 1
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
 
 class RestPredictor:
@@ -64,46 +155,21 @@ class RestPredictor:
         self.timeout = timeout
         self.retries = retries
         self.base = f"{'https' if use_ssl else 'http'}://{target}"
-        self._http: Any = None  # an aiohttp.ClientSession, made on first use inside the event loop
+        self.http = HttpSession(self.base, timeout=timeout, retries=retries, ssl_context=use_ssl)
         self._metadata: dict[str, ModelMetadata] = {}
 
     # -- transport with retries -------------------------------------------
-    def _session(self) -> Any:
-        import aiohttp
-
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                self.base,
-                connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=30, ssl=self.use_ssl),
-                timeout=aiohttp.ClientTimeout(total=self.timeout, connect=min(self.timeout, 5.0)),
-                auto_decompress=True,
-            )
-        return self._http
-
     async def send(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> Reply:
         """One request, retried only while the predictor cannot be reached."""
-        import aiohttp
-
-        session = self._session()
-        limit = self.timeout if timeout is None else timeout
-        per_call = aiohttp.ClientTimeout(total=limit, connect=min(limit, 5.0))
-        attempt = 0
-        while True:
-            try:
-                async with session.request(method, path, timeout=per_call, **kw) as resp:
-                    return Reply(resp.status, resp.headers, await resp.read())
-            except aiohttp.ConnectionTimeoutError as exc:
-                error: Exception = exc  # could not even connect in time: worth another try
-            except asyncio.TimeoutError:
-                raise PredictorTimeout(f"no answer from {self.target} within {limit:g}s") from None
-            except aiohttp.ClientConnectionError as exc:  # refused, reset, or closed before answering
-                error = exc
-            if attempt >= self.retries:
-                raise PredictorUnavailable(
-                    f"unreachable at {self.target} ({type(error).__name__}: {error or 'no detail'})"
-                ) from None
-            await asyncio.sleep(backoff(attempt))
-            attempt += 1
+        try:
+            return await self.http.send(method, path, timeout=timeout, **kw)
+        except TimeoutException:
+            limit = self.timeout if timeout is None else timeout
+            raise PredictorTimeout(f"no answer from {self.target} within {limit:g}s") from None
+        except ConnectError as exc:
+            cause = exc.__cause__
+            detail = f"{type(cause).__name__}: {cause or 'no detail'}" if cause is not None else str(exc)
+            raise PredictorUnavailable(f"unreachable at {self.target} ({detail})") from None
 
     async def checked(self, method: str, path: str, **kw: Any) -> Reply:
         """:meth:`send`, with an error reply raised as the predictor's error."""
@@ -162,9 +228,7 @@ class RestPredictor:
         return doc
 
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self.http.close()
 
 
-__all__ = ["RestPredictor", "Reply", "model_path"]
+__all__ = ["HttpSession", "RestPredictor", "Reply", "model_path", "CONNECT_TIMEOUT"]

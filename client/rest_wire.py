@@ -21,6 +21,15 @@ HEADER = "Inference-Header-Content-Length"
 
 
 # -- V2 REST wire (client side) ----------------------------------------------
+def v2_body(doc: dict[str, Any], chunks: list[bytes]) -> tuple[bytes, int | None]:
+    """A V2 body: the JSON ``doc``, then the binary ``chunks`` in order; and the JSON's length
+    (``Inference-Header-Content-Length``), ``None`` when there is no binary part."""
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
 def encode_v2_request(request: InferRequest) -> tuple[bytes, int]:
     """Body and JSON header length: every input as binary, every output asked as binary."""
     chunks: list[bytes] = []
@@ -37,29 +46,46 @@ def encode_v2_request(request: InferRequest) -> tuple[bytes, int]:
     if request.outputs:
         doc["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}}
                           for o in request.outputs]
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    return b"".join([header, *chunks]), len(header)
+    body, header_length = v2_body(doc, chunks)
+    return body, len(body) if header_length is None else header_length
 
 
-def decode_v2_response(body: bytes, header_length: str | None) -> InferResponse:
+def decode_v2_response(body: bytes, header_length: str | None, what: str = "predictor output") -> InferResponse:
+    """A V2 reply's body (JSON, then the binary outputs when ``header_length`` is given) as neutral types."""
     view = memoryview(body)
     try:
         if header_length is not None:
             n = int(header_length)
+            if not 0 <= n <= len(view):
+                raise ValueError(f"Inference-Header-Content-Length {n} is outside the body's {len(view)} bytes")
             doc, binary = orjson.loads(view[:n]), view[n:]
         else:
             doc, binary = orjson.loads(view), view[:0]
     except (ValueError, orjson.JSONDecodeError) as exc:
         raise PredictorInternal(f"unreadable V2 response: {exc}") from None
+    return response_from_doc(doc, binary, what)
+
+
+def response_from_doc(doc: Any, binary: bytes | memoryview = b"", what: str = "predictor output") -> InferResponse:
+    """A V2 reply's JSON (and the binary part that follows it) as neutral types; ``what`` names an output
+    in error messages."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("outputs", []), list):
+        raise PredictorInternal("V2 response is not an object with a list of 'outputs'")
     outputs = []
     offset = 0
     for item in doc.get("outputs") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) \
+                or not isinstance(item.get("datatype"), str):
+            raise PredictorInternal(f"V2 response: an output is not an object with a name and a datatype: "
+                                    f"{item!r:.200}")
         name, datatype = item["name"], item["datatype"]
-        where = f"predictor output {name!r}"
+        where = f"{what} {name!r}"
         shape = check_shape(item.get("shape", []), where)
         params = item.get("parameters") or {}
         size = params.get("binary_data_size")
         if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise PredictorInternal(f"V2 response: {where} has binary_data_size {size!r}")
             data = from_raw(where, datatype, shape, binary[offset : offset + size])
             offset += size
         else:
