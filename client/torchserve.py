@@ -38,21 +38,11 @@ from ovserve.common.proto.torchserve import management_pb2 as mpb
 from ovserve.common.proto.torchserve import management_pb2_grpc as mpb_grpc
 
 from .connection import host_port, split_host
+from .timeouts import USE_CLIENT_DEFAULT, Timeout, resolve
 
 __all__ = ["TorchServeGRPCClient", "PredictionsRequest", "StreamPredictionError", "USE_CLIENT_DEFAULT"]
 
 
-class _UseClientDefault:
-    """The type of :data:`USE_CLIENT_DEFAULT`."""
-
-    def __repr__(self) -> str:
-        return "USE_CLIENT_DEFAULT"
-
-
-#: A call's ``timeout`` when it is not given: the client's own (``TorchServeGRPCClient(timeout=...)``).
-USE_CLIENT_DEFAULT: Final = _UseClientDefault()
-
-Timeout = float | None | _UseClientDefault
 #: Call metadata: a mapping or (key, value) pairs; keys are sent lower-cased, as gRPC requires.
 Headers = Mapping[str, str] | Sequence[tuple[str, str]]
 
@@ -230,8 +220,7 @@ class TorchServeGRPCClient:
             given = [(str(k).lower(), str(v)) for k, v in items]
             mine = {k for k, _ in given}
             pairs = [p for p in pairs if p[0] not in mine] + given  # the call's own authorization wins
-        seconds = self.timeout if isinstance(timeout, _UseClientDefault) else timeout
-        return {"timeout": seconds, "metadata": tuple(pairs) or None}
+        return {"timeout": resolve(timeout, self.timeout), "metadata": tuple(pairs) or None}
 
     # -- inference -----------------------------------------------------------------------------------
 

@@ -553,8 +553,7 @@ async def error_codes(inference: str, management: str) -> None:
 async def deadlines(inference: str, management: str) -> None:
     import grpc
 
-    from ovserve.client import TorchServeGRPCClient
-    from ovserve.client.torchserve import USE_CLIENT_DEFAULT
+    from ovserve.client import USE_CLIENT_DEFAULT, TorchServeGRPCClient  # the one sentinel of both clients
 
     async with TorchServeGRPCClient(inference, management) as client:
         await client.register("slow.mar", synchronous=True)
