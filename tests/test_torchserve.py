@@ -399,6 +399,12 @@ def test_list_models_pages(management: Any) -> None:
 def test_management_refuses_bad_requests_by_name(management: Any) -> None:
     got, details = code_of(lambda: register(management, ""))
     assert got is grpc.StatusCode.INVALID_ARGUMENT and "url" in details
+    for field in ("batch_size", "max_batch_delay", "response_timeout", "initial_workers"):
+        got, details = code_of(lambda: register(management, "fn.mar", **{field: -1}))
+        assert got is grpc.StatusCode.INVALID_ARGUMENT and field in details
+    got, details = code_of(lambda: management.ScaleWorker(management_pb2.ScaleWorkerRequest(
+        model_name="add", min_worker=-2)))
+    assert got is grpc.StatusCode.INVALID_ARGUMENT and "min_worker" in details
     got, details = code_of(lambda: management.DescribeModel(management_pb2.DescribeModelRequest(model_name="")))
     assert got is grpc.StatusCode.INVALID_ARGUMENT and "model_name" in details
     got, _ = code_of(lambda: management.DescribeModel(management_pb2.DescribeModelRequest(model_name="nope")))

@@ -168,6 +168,11 @@ class HandlerRegistry:
         self._check_model_api("model registration")
         if not reg.url:
             raise InvalidInput("url is required: a model archive (.mar), a model folder or an archive of one")
+        for field_name, value in (("initial_workers", reg.initial_workers), ("batch_size", reg.batch_size),
+                                  ("max_batch_delay", reg.max_batch_delay_ms),
+                                  ("response_timeout", reg.response_timeout_s)):
+            if value < 0:
+                raise InvalidInput(f"{field_name} must not be negative, got {value} (0 means the default)")
         if self.store is None or self.work is None:
             raise FailedPrecondition("no model store: start ovserve with --model-store DIR")
         from .manifest import read_archive
@@ -295,6 +300,9 @@ class HandlerRegistry:
     async def scale(self, s: Scaling) -> str:
         if not s.model_name:
             raise InvalidInput("model_name is required")
+        if s.min_worker < 0 or s.max_worker < 0:
+            raise InvalidInput(f"min_worker and max_worker must not be negative, got {s.min_worker} and "
+                               f"{s.max_worker}")
         low = s.min_worker if s.min_worker > 0 else 1  # TorchServe: 0 (unset) means 1
         high = s.max_worker if s.max_worker > 0 else low
         if high < low:
