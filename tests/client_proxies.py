@@ -15,7 +15,6 @@ import shutil
 import ssl
 import subprocess
 import threading
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,11 +256,10 @@ class _Forward(grpc.GenericRpcHandler):
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
 
-        def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> Awaitable[bytes]:
-            return self.gate.unary(method, request, context)
+        async def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return await self.gate.unary(method, request, context)
 
-        handler: Callable[..., Any] = behaviour
-        return grpc.unary_unary_rpc_method_handler(handler)
+        return grpc.unary_unary_rpc_method_handler(behaviour)
 
 
 __all__ = ["Certs", "CLIENT_CN", "make_certs", "needs_openssl", "DroppingRelay", "TlsRelay", "GrpcGate", "Attempt",

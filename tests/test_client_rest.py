@@ -9,10 +9,7 @@ No protobuf is loaded here (the REST client needs none), so this runs beside tri
 from __future__ import annotations
 
 import asyncio
-import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,29 +30,14 @@ from ovserve.client import (
     UnsupportedProtocol,
 )
 
-from . import models
-from .client_proxies import CLIENT_CN, DroppingRelay, TlsRelay, make_certs, needs_openssl
-from .servers import EXACT, ExplainerProcess, ServerProcess, TransformerProcess
+from . import client_fixtures, models
+from .client_fixtures import COLOURS, DATATYPES, X, add_one, png_images, sample_input
+from .client_proxies import CLIENT_CN, Certs, DroppingRelay, TlsRelay, needs_openssl
+from .servers import ExplainerProcess, ServerProcess, TransformerProcess
 
-X = np.arange(16, dtype=np.float32).reshape(2, 8) / 7
 W, B = models.matmul_weights()
-
-#: The transformer in front of ``matmul``: it echoes the x-tenant header into every output's parameters
-#: and sleeps x-delay seconds first, so that a test sees what reached the server and how long it took.
-HANDLERS = textwrap.dedent('''
-    import asyncio
-    from ovserve.server import Transformer
-
-    class Echo(Transformer):
-        async def preprocess(self, request, headers):
-            await asyncio.sleep(float(headers.get("x-delay") or 0))
-            return request
-
-        async def postprocess(self, response, headers):
-            for t in response.outputs:
-                t.parameters["x-tenant"] = headers.get("x-tenant", "")
-            return response
-''')
+# the shared fixtures, by name (pytest finds a fixture among the module's globals)
+transformer, image_server, certs = client_fixtures.transformer, client_fixtures.image_server, client_fixtures.certs
 
 
 def run(coro: Any) -> Any:
@@ -78,36 +60,12 @@ def matmul_request(request_id: str = "", binary: bool | None = True) -> InferReq
 
 # -- fixtures ------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def handlers(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("client_handlers")
-    (folder / "client_handlers.py").write_text(HANDLERS)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def transformer(server: ServerProcess, handlers: Path) -> Iterator[TransformerProcess]:
-    proc = TransformerProcess("--handler", "client_handlers:Echo", "--model_name", "matmul",
-                              "--predictor_host", f"127.0.0.1:{server.rest_port}", env={"PYTHONPATH": str(handlers)})
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
 def explainer(server: ServerProcess) -> Iterator[ExplainerProcess]:
     proc = ExplainerProcess("matmul", f"127.0.0.1:{server.rest_port}")
     try:
         yield proc.wait_ready()
     finally:
         proc.stop()
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    if sys.platform == "win32":
-        pytest.skip("openssl-made certificates")
-    return make_certs(tmp_path_factory.mktemp("client_certs"))
 
 
 # -- health --------------------------------------------------------------------
@@ -191,41 +149,10 @@ def test_v2_output_asked_as_json_comes_back_as_json(server: ServerProcess) -> No
     assert resp.outputs[0].data == pytest.approx((X @ W + B).reshape(-1).tolist(), rel=1e-5, abs=1e-5)
 
 
-def sample(datatype: str) -> np.ndarray:
-    """A [2, 4] array of ``datatype`` whose add_one (or logical not, or identity) is exact."""
-    if datatype == "BOOL":
-        return np.array([[True, False, True, True], [False, False, True, False]])
-    if datatype == "BYTES":
-        return np.array([[b"a", b"", b"\x00\xff bytes", "é".encode()], [b"x" * 300, b"y", b"z", b"w"]], dtype=object)
-    dtype = np.dtype(models.OV_TYPES[datatype].to_dtype())
-    return (np.arange(8).reshape(2, 4) * 3 + (1 if dtype.kind == "u" else -5)).astype(dtype)
-
-
-def add_one(datatype: str, x: np.ndarray) -> np.ndarray:
-    if datatype == "BOOL":
-        return ~x
-    if datatype == "BYTES":
-        return x
-    return x + np.array(1, x.dtype)
-
-
-DATATYPES = list(models.OV_TYPES)
-
-
 @pytest.mark.parametrize("form", ["binary", "json", "list"])
 @pytest.mark.parametrize("datatype", DATATYPES)
 def test_v2_every_datatype(server: ServerProcess, datatype: str, form: str) -> None:
-    x = sample(datatype)
-    tensor = InferInput("x", list(x.shape), datatype)
-    if form == "list":  # values as a list: numeric ones still go binary by default
-        tensor.data = [v.decode("latin-1") for v in x.reshape(-1)] if datatype == "BYTES" else x.reshape(-1).tolist()
-        if datatype == "BYTES":
-            x = np.array([v.decode("latin-1").encode() for v in x.reshape(-1)], dtype=object).reshape(x.shape)
-    elif form == "json" and datatype == "BYTES":
-        x = np.array([[b"a", b"", b"text", "é".encode()], [b"x" * 300, b"y", b"z", b"w"]], dtype=object)
-        tensor.set_data_from_numpy(x, binary_data=False)
-    else:
-        tensor.set_data_from_numpy(x, binary_data=form == "binary")
+    tensor, x = sample_input(datatype, form)
 
     async def call() -> InferResponse:
         async with v2() as c:
@@ -328,34 +255,6 @@ def test_base_url_checked_and_its_path_kept(server: ServerProcess) -> None:
 
 
 # -- encoded images ---------------------------------------------------------------
-@pytest.fixture(scope="module")
-def image_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """``mean``: an NCHW FP32 [-1, 3, 16, 16] model (layout in the IR) answering each image's channel means."""
-    import openvino as ov
-    import openvino.opset13 as ops
-
-    x = ops.parameter(ov.PartialShape([-1, 3, 16, 16]), ov.Type.f32, name="image")
-    x.set_layout(ov.Layout("NCHW"))
-    mean = ops.reduce_mean(x, ops.constant(np.array([2, 3], np.int64)), keep_dims=False)
-    mean.output(0).get_tensor().set_names({"mean"})
-    repo = tmp_path_factory.mktemp("client_images")
-    models.save(ov.Model([mean], [x], "mean"), repo, "mean")
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT])
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
-
-
-COLOURS = [(10, 200, 30), (250, 0, 128), (1, 2, 3)]  # BGR, as OpenCV decodes
-
-
-def png_images() -> np.ndarray:
-    cv2 = pytest.importorskip("cv2")
-    pngs = [cv2.imencode(".png", np.full((20 + 5 * i, 16, 3), c, np.uint8))[1].tobytes() for i, c in enumerate(COLOURS)]
-    return np.array(pngs, dtype=object)
-
-
 def test_encoded_images_as_bytes(image_server: ServerProcess) -> None:
     images = png_images()
     tensor = InferInput("image", [len(images)], "BYTES")
@@ -414,7 +313,7 @@ def test_retries_reach_a_server_that_drops_the_first_connections(server: ServerP
 
 # -- mutual TLS: KServe's RESTConfig drops cert ----------------------------------------
 @needs_openssl
-def test_mutual_tls(server: ServerProcess, certs: Any) -> None:
+def test_mutual_tls(server: ServerProcess, certs: Certs) -> None:
     with TlsRelay(certs, server.rest_port).start() as relay:
         url = f"https://localhost:{relay.port}"
 
