@@ -20,6 +20,7 @@ from ovserve.common.errors import (
     PayloadTooLarge,
     PermissionDenied,
     ServerError,
+    Unauthenticated,
     Unavailable,
     Unsupported,
     statuses,
@@ -65,6 +66,10 @@ class PredictorPermissionDenied(PredictorError, PermissionDenied):
     pass
 
 
+class PredictorUnauthenticated(PredictorError, Unauthenticated):
+    pass
+
+
 class PredictorUnsupported(PredictorError, Unsupported):
     pass
 
@@ -79,7 +84,7 @@ class PredictorInternal(PredictorError, InternalError):
 
 _CLASSES: tuple[type[PredictorError], ...] = (
     PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
-    PredictorFailedPrecondition, PredictorAlreadyExists, PredictorPermissionDenied,
+    PredictorFailedPrecondition, PredictorAlreadyExists, PredictorPermissionDenied, PredictorUnauthenticated,
     PredictorUnsupported, PredictorTimeout, PredictorInternal)
 #: the predictor's HTTP status or gRPC code -> the class with that row in the error table
 _BY_HTTP: dict[int, type[PredictorError]] = {statuses(c)[0]: c for c in _CLASSES}

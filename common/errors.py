@@ -47,6 +47,11 @@ class AlreadyExists(ServerError):
     """What the request would create exists already (a model name and version registered twice)."""
 
 
+class Unauthenticated(ServerError):
+    """The request carries no valid credentials (a bearer token missing or wrong: the message never
+    says which)."""
+
+
 class PermissionDenied(ServerError):
     """The server is configured not to allow this (registration without --ts-model-api, a URL outside
     the allow-list)."""
@@ -72,6 +77,7 @@ _TABLE: dict[type[ServerError], tuple[int, str]] = {
     PayloadTooLarge: (413, "RESOURCE_EXHAUSTED"),
     FailedPrecondition: (412, "FAILED_PRECONDITION"),
     AlreadyExists: (409, "ALREADY_EXISTS"),
+    Unauthenticated: (401, "UNAUTHENTICATED"),
     PermissionDenied: (403, "PERMISSION_DENIED"),
     Unsupported: (501, "UNIMPLEMENTED"),
     DeadlineExceeded: (504, "DEADLINE_EXCEEDED"),

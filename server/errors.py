@@ -17,6 +17,7 @@ from ovserve.common.errors import (
     PayloadTooLarge,
     PermissionDenied,
     ServerError,
+    Unauthenticated,
     Unavailable,
     Unsupported,
     grpc_status,
@@ -25,6 +26,6 @@ from ovserve.common.errors import (
 )
 
 __all__ = ["ServerError", "InvalidInput", "NotFound", "Unavailable", "PayloadTooLarge", "FailedPrecondition",
-           "AlreadyExists", "PermissionDenied",
+           "AlreadyExists", "PermissionDenied", "Unauthenticated",
            "Unsupported", "DeadlineExceeded", "InternalError", "HTTP_STATUS", "GRPC_STATUS", "statuses",
            "http_status", "grpc_status"]

@@ -14,6 +14,7 @@ EXPECTED = [
     (errors.FailedPrecondition, 412, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.AlreadyExists, 409, grpc.StatusCode.ALREADY_EXISTS),
     (errors.PermissionDenied, 403, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Unauthenticated, 401, grpc.StatusCode.UNAUTHENTICATED),
     (errors.Unsupported, 501, grpc.StatusCode.UNIMPLEMENTED),
     (errors.DeadlineExceeded, 504, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.InternalError, 500, grpc.StatusCode.INTERNAL),

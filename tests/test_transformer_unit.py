@@ -22,7 +22,7 @@ from ovserve.server.types import InferRequest, InferResponse, ModelMetadata, Req
 
 @pytest.mark.parametrize("status, grpc", [
     (400, "INVALID_ARGUMENT"), (404, "NOT_FOUND"), (412, "FAILED_PRECONDITION"), (409, "ALREADY_EXISTS"),
-    (403, "PERMISSION_DENIED"), (413, "RESOURCE_EXHAUSTED"),
+    (403, "PERMISSION_DENIED"), (401, "UNAUTHENTICATED"), (413, "RESOURCE_EXHAUSTED"),
     (500, "INTERNAL"), (501, "UNIMPLEMENTED"), (503, "UNAVAILABLE"), (504, "DEADLINE_EXCEEDED"),
 ])
 def test_predictor_http_errors_keep_their_status(status: int, grpc: str) -> None:
