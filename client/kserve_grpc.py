@@ -90,7 +90,12 @@ def channel_options(channel_args: Sequence[tuple[str, Any]] | None, retries: int
 
 
 def target_of(url: str, use_ssl: bool) -> str:
-    """A gRPC target from KServe's ``url``: without a port, 443 with SSL and 80 without, as KServe appends."""
+    """A gRPC target from KServe's ``url``: without a port, 443 with SSL and 80 without, as KServe appends.
+    An ``http://`` or ``https://`` prefix is dropped (KServe hands it to gRPC, which cannot resolve it);
+    gRPC's own target schemes (``dns:``, ``unix:``) stay as they are."""
+    for scheme in ("http://", "https://"):
+        if url.startswith(scheme):
+            url = url[len(scheme):].rstrip("/")
     if url.startswith("[") and url.endswith("]"):  # a bare IPv6 address
         return f"{url}:{443 if use_ssl else 80}"
     if ":" not in url:
@@ -124,8 +129,8 @@ class InferenceGRPCClient:
     :param verbose: log each request and response (logger ``ovserve.client``, INFO).
     :param use_ssl: TLS; the three certificate arguments are file paths (PEM): the
         roots to trust (None: gRPC's defaults), and the client's key and
-        certificate chain for mutual TLS. ``creds`` (``grpc.ChannelCredentials``)
-        wins over all four.
+        certificate chain for mutual TLS (refused without ``use_ssl``). ``creds``
+        (``grpc.ChannelCredentials``) wins over all four.
     :param channel_args: gRPC channel options; they replace the default ones
         (unlimited message sizes), and a ``grpc.service_config`` among them, or
         ``("grpc.enable_retries", 0)``, replaces the default retry policy.
@@ -146,8 +151,9 @@ class InferenceGRPCClient:
                 private_key=_read(private_key, "private_key"),
                 certificate_chain=_read(certificate_chain, "certificate_chain"))
         elif creds is None and (root_certificates or private_key or certificate_chain):
-            warnings.warn("certificates were given without use_ssl=True: the channel is plaintext and they are unused "
-                          "(as in KServe's client)", UserWarning, stacklevel=2)
+            # KServe's client ignores them and talks in the clear; a TLS server then fails every call obscurely
+            raise ValueError("root_certificates, private_key and certificate_chain need use_ssl=True (or creds): "
+                             "without it the channel is plaintext")
         if creds is not None:
             self._channel = grpc.aio.secure_channel(self._target, creds, options=options)
         else:

@@ -388,7 +388,10 @@ def options() -> None:
     assert target_of("[::1]", False) == "[::1]:80"
     assert target_of("example.com:9000", True) == "example.com:9000"
     assert repr(InferenceGRPCClient("example.com", use_ssl=True)) == "InferenceGRPCClient('example.com:443')"
-    with pytest.warns(UserWarning, match="without use_ssl=True"):
+    assert target_of("http://example.com:9000/", False) == "example.com:9000"
+    assert target_of("https://example.com", True) == "example.com:443"
+    assert target_of("unix:///tmp/ovserve.sock", False) == "unix:///tmp/ovserve.sock"
+    with pytest.raises(ValueError, match="need use_ssl=True"):  # KServe's client would talk in the clear
         InferenceGRPCClient("127.0.0.1:1", root_certificates="/nowhere/ca.pem")
     with pytest.raises(FileNotFoundError, match=r"root_certificates: cannot read '/nowhere/ca\.pem'"):
         InferenceGRPCClient("127.0.0.1:1", use_ssl=True, root_certificates="/nowhere/ca.pem")
