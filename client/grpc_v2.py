@@ -20,6 +20,7 @@ from ovserve.common.errors import InvalidInput
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
+from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 
 from .connection import backoff
@@ -141,8 +142,10 @@ def server_metadata_dict(md: pb.ServerMetadataResponse) -> dict[str, Any]:
 class GrpcPredictor:
     """One predictor over KServe V2 gRPC; retries only while the channel cannot reach it."""
 
-    def __init__(self, target: str, use_ssl: bool, timeout: float, retries: int = 2) -> None:
+    def __init__(self, target: str, use_ssl: bool, timeout: float, retries: int = 2,
+                 token: TokenFile | None = None) -> None:
         self.target = target
+        self.token = token  # sent as a bearer token, the file's current first line each call
         self.timeout = timeout
         self.retries = retries
         if use_ssl:
@@ -153,10 +156,11 @@ class GrpcPredictor:
 
     async def _call(self, method: str, msg: Any, timeout: float | None = None) -> Any:
         rpc = getattr(self.stub, method)
+        metadata = None if self.token is None else (("authorization", f"Bearer {self.token.first()}"),)
         attempt = 0
         while True:
             try:
-                return await rpc(msg, timeout=timeout or self.timeout)
+                return await rpc(msg, timeout=timeout or self.timeout, metadata=metadata)
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:

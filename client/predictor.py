@@ -17,6 +17,9 @@ TLS).
   status / gRPC code the predictor gave (:mod:`.errors`, subclasses of the one
   hierarchy of :mod:`ovserve.common.errors`).
 - A call slower than ``timeout`` seconds is :class:`PredictorTimeout` (504).
+- ``token_file``: a predictor that wants a bearer token (``--auth-token-file``) gets the file's first
+  token with every call (:mod:`ovserve.common.tokens`: re-read when the file changes; a file unusable
+  at construction is a :class:`~ovserve.common.tokens.TokenFileError`, a ValueError).
 
 Each protocol is a module with one connection class (:mod:`.rest`,
 :mod:`.grpc_v2`, loaded only when used); this class picks one and maps the
@@ -27,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from ovserve.common.errors import ServerError, Unsupported
+from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
 from .connection import Connection, host_port, split_host
@@ -41,7 +45,7 @@ class PredictorClient:
     """Calls one predictor; safe to share across concurrent requests (pooled)."""
 
     def __init__(self, host: str, protocol: str = "v2", *, use_ssl: bool = False, timeout: float = 60,
-                 retries: int = 2, model_name: str | None = None) -> None:
+                 retries: int = 2, model_name: str | None = None, token_file: str | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"predictor protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if not host:
@@ -53,13 +57,14 @@ class PredictorClient:
         self.model_name = model_name
         self.address, self.port = split_host(host, use_ssl)
         self.target = host_port(self.address, self.port)
+        token = TokenFile(token_file) if token_file else None
         self._conn: Connection
         if protocol == "grpc-v2":
             from .grpc_v2 import GrpcPredictor  # loads the protobuf package: only for a gRPC predictor
 
-            self._conn = GrpcPredictor(self.target, use_ssl, self.timeout, self.retries)
+            self._conn = GrpcPredictor(self.target, use_ssl, self.timeout, self.retries, token=token)
         else:
-            self._conn = RestPredictor(self.target, protocol, use_ssl, self.timeout, self.retries)
+            self._conn = RestPredictor(self.target, protocol, use_ssl, self.timeout, self.retries, token=token)
 
     def __repr__(self) -> str:
         return f"PredictorClient({self.target!r}, {self.protocol!r})"

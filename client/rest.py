@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import orjson
 
+from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
 from .connection import backoff
@@ -148,8 +149,10 @@ class RestPredictor:
     asked once per model.
     """
 
-    def __init__(self, target: str, protocol: str, use_ssl: bool, timeout: float, retries: int) -> None:
+    def __init__(self, target: str, protocol: str, use_ssl: bool, timeout: float, retries: int,
+                 token: TokenFile | None = None) -> None:
         self.target = target
+        self.token = token  # sent as a bearer token, the file's current first line each call
         self.protocol = protocol
         self.use_ssl = use_ssl
         self.timeout = timeout
@@ -161,6 +164,8 @@ class RestPredictor:
     # -- transport with retries -------------------------------------------
     async def send(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> Reply:
         """One request, retried only while the predictor cannot be reached."""
+        if self.token is not None:
+            kw["headers"] = {**(kw.get("headers") or {}), "Authorization": f"Bearer {self.token.first()}"}
         try:
             return await self.http.send(method, path, timeout=timeout, **kw)
         except TimeoutException:

@@ -44,6 +44,12 @@ class ProcessSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     #: Seconds in-flight requests get to finish after SIGTERM.
     grace_period: float = 25.0
+    #: Bearer tokens (one per line) every call but health needs (None = no authentication; server/gate/auth.py).
+    auth_token_file: str | None = None
+    #: Bearer tokens of the management APIs (repository, TorchServe management); None = the inference tokens.
+    auth_management_token_file: str | None = None
+    #: One JSON line per request to stdout, stderr or this file (None = no access log; server/gate/accesslog.py).
+    access_log: str | None = None
 
 
 @dataclass(slots=True)

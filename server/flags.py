@@ -83,6 +83,16 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
         choices=LOG_LEVELS)
     add(ops, "--event-loop", str, defaults.event_loop, "event loop: uvloop or asyncio", aliases=names("--event-loop"),
         choices=["uvloop", "asyncio"])
+    gate = parser.add_argument_group("authentication and access log (docs/operations.md)")
+    add(gate, "--auth-token-file", str, defaults.auth_token_file,
+        "bearer tokens, one per line, every call but health needs (401 / UNAUTHENTICATED without one); "
+        "re-read when the file changes", aliases=names("--auth-token-file"), metavar="FILE")
+    add(gate, "--auth-management-token-file", str, defaults.auth_management_token_file,
+        "bearer tokens of the repository and TorchServe management APIs (default: --auth-token-file's)",
+        aliases=names("--auth-management-token-file"), metavar="FILE")
+    add(gate, "--access-log", str, defaults.access_log,
+        "one JSON line per request (and x-request-id returned) to stdout, stderr or FILE",
+        aliases=names("--access-log"), metavar="stdout|stderr|FILE")
 
 
 def process_settings(ns: argparse.Namespace) -> ProcessSettings:

@@ -7,6 +7,7 @@ from pathlib import Path
 from .app import Listener, Server, run
 from .codecs import images
 from .config import Settings
+from .gate import gate_from_settings
 from .model_server import ModelServer
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
@@ -44,6 +45,10 @@ def make_source(settings: Settings) -> Source:
 
 
 def build(settings: Settings) -> Server:
+    try:
+        gate = gate_from_settings(settings)  # tokens and access log, the same for every listener
+    except ValueError as exc:
+        raise SystemExit(f"ovserve: {exc}") from None
     images.configure(settings.max_image_pixels, settings.max_images)
     # registered models are unpacked here; a folder of our own is removed when the server stops
     work = settings.ts_work_dir or Path(tempfile.mkdtemp(prefix="ovserve-ts-"))
@@ -53,19 +58,20 @@ def build(settings: Settings) -> Server:
         raise SystemExit(f"ovserve: {exc}") from None
     dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval),
                             store, work, settings.ts_model_api, remove_work=settings.ts_work_dir is None)
-    rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes)
+    rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)],
-                                       settings.max_request_bytes, settings.grpc_engine), settings.grpc_port))
+                                       settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
     # TorchServe's two gRPC APIs, each on a listener of its own (as TorchServe serves them)
     if settings.ts_inference_port is not None:
         listeners.append((GrpcListener("ts-inference", "TorchServe gRPC inference", [ts_inference.service(dataplane)],
-                                       settings.max_request_bytes, settings.grpc_engine), settings.ts_inference_port))
+                                       settings.max_request_bytes, settings.grpc_engine, gate),
+                          settings.ts_inference_port))
     if settings.ts_management_port is not None:
         listeners.append((GrpcListener("ts-management", "TorchServe gRPC management",
                                        [ts_management.service(dataplane)], settings.max_request_bytes,
-                                       settings.grpc_engine), settings.ts_management_port))
+                                       settings.grpc_engine, gate), settings.ts_management_port))
     return Server(dataplane, listeners, settings.host, settings.grace_period)
 
 

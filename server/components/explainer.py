@@ -408,6 +408,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="timeout of one predictor call (default 60)")
     arg("predictor_request_retries", type=int, default=2, metavar="N",
         help="retries when the predictor cannot be reached (default 2)")
+    arg("predictor_token_file", default=None, metavar="FILE",
+        help="bearer token sent to the predictor (its --auth-token-file): the file's first token, re-read when "
+        "the file changes")
     arg("enable_predictor_health_check", action="store_true",
         help="accepted for KServe manifests; the explainer is always ready only with the predictor")
     arg("explain_timeout_seconds", type=float, default=60.0, metavar="S",
@@ -443,8 +446,10 @@ def build(ns: argparse.Namespace) -> Any:
     """The explainer's Server: its data plane over a predictor client (made on the running loop:
     a gRPC channel belongs to one), and its listeners."""
     from ovserve.client.predictor import PredictorClient
+    from ovserve.common.tokens import TokenFileError
 
     from ..app import Listener, Server
+    from ..gate import gate_from_settings
     from ..transports.grpc.listener import GrpcListener
     from ..transports.grpc_v2 import servicer as kserve_grpc
     from ..transports.rest.listener import RestListener
@@ -452,16 +457,23 @@ def build(ns: argparse.Namespace) -> Any:
     settings = process_settings(ns)
     protocol = ns.predictor_protocol or ns.protocol or "v2"
     try:
+        gate = gate_from_settings(settings)  # its own tokens and access log, as the model server's
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    try:
         client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
-                                 timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries)
+                                 timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries,
+                                 token_file=ns.predictor_token_file)
+    except TokenFileError as exc:
+        raise InvalidInput(f"--predictor_token_file: {exc}") from None
     except ValueError as exc:
         raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
     explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
                           concurrency=ns.max_concurrent_calls)
-    rest = RestListener(explainer, settings.max_request_bytes, settings.max_header_bytes, backlog=512)
+    rest = RestListener(explainer, settings.max_request_bytes, settings.max_header_bytes, backlog=512, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(explainer)],
-                                       settings.max_request_bytes, settings.grpc_engine), settings.grpc_port))
+                                       settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
     log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
     return Server(explainer, listeners, settings.host, settings.grace_period)

@@ -55,6 +55,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
           help="seconds a predictor call may take (default 600, as KServe)")
     _flag(p, "--predictor_request_retries", type=int, default=2,
           help="retries when the predictor cannot be reached (default 2)")
+    _flag(p, "--predictor_token_file", default=None, metavar="FILE",
+          help="bearer token sent to the predictor (its --auth-token-file): the file's first token, re-read "
+          "when the file changes")
     _flag(p, "--enable_predictor_health_check", action="store_true",
           help="ready only while the predictor's model is ready")
     add_process_flags(p, DEFAULTS, kserve=True)
@@ -64,8 +67,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     """The transformer's Server: its data plane over the predictor client, and its listeners."""
     from ovserve.client.predictor import PredictorClient
+    from ovserve.common.tokens import TokenFileError
 
     from ..app import Listener, Server
+    from ..gate import gate_from_settings
     from ..transports.grpc.listener import GrpcListener
     from ..transports.grpc_v2 import servicer as kserve_grpc
     from ..transports.rest.listener import RestListener
@@ -74,17 +79,23 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     settings = process_settings(ns)
     protocol = ns.predictor_protocol or ns.protocol or "v2"
     try:
+        gate = gate_from_settings(settings)  # its own tokens and access log, as the model server's
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    try:
         client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
                                  timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries,
-                                 model_name=ns.model_name)
+                                 model_name=ns.model_name, token_file=ns.predictor_token_file)
+    except TokenFileError as exc:
+        raise InvalidInput(f"--predictor_token_file: {exc}") from None
     except ValueError as exc:
         raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
     dp = TransformerDataPlane(ns.model_name, handler, client, health_check=ns.enable_predictor_health_check)
-    rest = RestListener(dp, settings.max_request_bytes, settings.max_header_bytes, backlog=1024)
+    rest = RestListener(dp, settings.max_request_bytes, settings.max_header_bytes, backlog=1024, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dp)], settings.max_request_bytes,
-                                       settings.grpc_engine), settings.grpc_port))
+                                       settings.grpc_engine, gate), settings.grpc_port))
     log.info("transformer %s for model %r -> predictor %s (%s)%s", dp.handler_name, ns.model_name, client.target,
              protocol, ", ready only with the predictor" if ns.enable_predictor_health_check else "")
     return Server(dp, listeners, settings.host, settings.grace_period)

@@ -17,11 +17,13 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import grpc
 
 from ...errors import ServerError, Unavailable, grpc_status
+from ...gate import INFERENCE, OPEN_GATE, Access, Gate
+from .gate import gated_stream, gated_unary
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +93,18 @@ class InFlight:
 
 class Servicer:
     """Base of ovserve's servicers: the listener that registers one gives it its server's calls in
-    flight (every service on one port drains together)."""
+    flight (every service on one port drains together), its gate and its name.
+
+    ``access`` names the methods that need other than ``default_access``'s token (server/gate/auth.py):
+    health methods ``open``, management methods ``management``."""
+
+    access: ClassVar[Mapping[str, Access]] = {}
+    default_access: ClassVar[Access] = INFERENCE
 
     def __init__(self) -> None:
         self.in_flight = InFlight()
+        self.gate: Gate = OPEN_GATE
+        self.listener = ""
 
 
 async def enter(in_flight: InFlight, context: Any) -> None:
@@ -114,7 +124,8 @@ async def _abort(context: Any, exc: BaseException, method: str) -> None:
 
 
 def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """A unary-response method: counted in flight, its errors mapped to a status."""
+    """A unary-response method: behind the gate (tokens, access log), counted in flight, its errors
+    mapped to a status."""
 
     @functools.wraps(fn)
     async def call(self: Servicer, request: Any, context: Any) -> Any:
@@ -128,12 +139,12 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         finally:
             self.in_flight.leave()
 
-    return call
+    return gated_unary(call)
 
 
 def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
-    """A response-streaming method (an async generator): the whole stream counts as one call in
-    flight; an error that escapes it ends the stream with a status."""
+    """A response-streaming method (an async generator): behind the gate, the whole stream counts as one
+    call in flight; an error that escapes it ends the stream with a status."""
 
     @functools.wraps(fn)
     async def call(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
@@ -148,7 +159,12 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
         finally:
             self.in_flight.leave()
 
-    return call
+    return gated_stream(call)
+
+
+def bidi(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    """A bidirectional stream (it counts itself in flight with :func:`enter`): behind the gate."""
+    return gated_stream(fn, client_streaming=True)
 
 
 def in_band(exc: Exception, method: str) -> str:

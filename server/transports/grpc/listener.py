@@ -28,6 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ...config import GRPC_ENGINES
 from ...errors import InvalidInput
+from ...gate import OPEN_GATE, Gate
 from .calls import InFlight, Servicer
 
 log = logging.getLogger("ovserve")
@@ -98,7 +99,7 @@ class GrpcListener:
     """``name`` (the key of the bound-ports map, e.g. ``grpc``) serving ``services`` on one port."""
 
     def __init__(self, name: str, description: str, services: list[Service], max_message_bytes: int,
-                 engine: str = "grpcio") -> None:
+                 engine: str = "grpcio", gate: Gate = OPEN_GATE) -> None:
         self.name, self.description, self.engine = name, description, engine
         self.services = services
         self.server = make_server(engine, [
@@ -109,6 +110,7 @@ class GrpcListener:
         self.in_flight = InFlight()
         for service in services:
             service.servicer.in_flight = self.in_flight  # one drain for every service on this port
+            service.servicer.gate, service.servicer.listener = gate, name  # tokens and access log (server/gate)
             service.register(service.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

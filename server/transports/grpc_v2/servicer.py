@@ -7,14 +7,15 @@ keeps the stream open.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
 
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
-from ..grpc.calls import Metadata, Servicer, enter, in_band, unary
+from ...gate import MANAGEMENT, OPEN, Access
+from ..grpc.calls import Metadata, Servicer, bidi, enter, in_band, unary
 from ..grpc.listener import Service
 from . import converters
 
@@ -24,6 +25,10 @@ STREAM_WINDOW = 32
 
 
 class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
+    # REST's /v2/health/* twins stay open for probes; the repository extension is management
+    access: ClassVar[Mapping[str, Access]] = {"ServerLive": OPEN, "ServerReady": OPEN, "RepositoryIndex": MANAGEMENT,
+                                               "RepositoryModelLoad": MANAGEMENT, "RepositoryModelUnload": MANAGEMENT}
+
     def __init__(self, dataplane: DataPlane) -> None:
         super().__init__()
         self.dp = dataplane
@@ -58,6 +63,7 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         return await self._infer(request, context)
 
+    @bidi
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:

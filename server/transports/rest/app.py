@@ -18,7 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...dataplane import DataPlane
 from ...errors import ServerError, http_status
+from ...gate import OPEN_GATE, Gate
 from . import v1, v2
+from .gate import GateMiddleware
 from .http import error_response
 
 log = logging.getLogger(__name__)
@@ -79,10 +81,14 @@ class LastResort:
                 await error_response(500, f"internal error: {type(exc).__name__}")(scope, receive, send)
 
 
-def create_app(dataplane: DataPlane, max_request_bytes: int) -> Starlette:
+def create_app(dataplane: DataPlane, max_request_bytes: int, gate: Gate = OPEN_GATE,
+               listener: str = "rest") -> Starlette:
+    """The app; ``gate``'s tokens and access log (server/gate) in front of everything, installed only when
+    it has something to do."""
+    gated = [] if gate.idle else [Middleware(GateMiddleware, gate=gate, listener=listener)]
     app = Starlette(
         routes=v2.routes() + v1.routes(),
-        middleware=[Middleware(LastResort)],
+        middleware=[*gated, Middleware(LastResort)],
         exception_handlers={
             ServerError: _on_server_error,
             HTTPException: _on_http_error,

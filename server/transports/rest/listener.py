@@ -16,6 +16,7 @@ import uvicorn
 
 from ...config import DEFAULT_MAX_HEADER_BYTES
 from ...dataplane import DataPlane
+from ...gate import OPEN_GATE, Gate
 from .app import create_app
 from .head_limit import head_limited
 
@@ -50,8 +51,9 @@ class RestListener:
     description = "KServe V1/V2 REST"
 
     def __init__(self, dataplane: DataPlane, max_request_bytes: int,
-                 max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES, backlog: int = 2048) -> None:
-        self.app = create_app(dataplane, max_request_bytes)
+                 max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES, backlog: int = 2048,
+                 gate: Gate = OPEN_GATE) -> None:
+        self.app = create_app(dataplane, max_request_bytes, gate, self.name)
         self.max_header_bytes = max_header_bytes
         self.backlog = backlog
         self._sock: socket.socket | None = None

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
 
 import grpc
 from google.rpc import status_pb2
@@ -22,7 +22,8 @@ from ovserve.common.proto.torchserve import inference_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
 from ...errors import ServerError
-from ..grpc.calls import Metadata, Servicer, enter, in_band, status_of, streaming, unary
+from ...gate import OPEN, Access
+from ..grpc.calls import Metadata, Servicer, bidi, enter, in_band, status_of, streaming, unary
 from ..grpc.listener import Service
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
@@ -30,6 +31,8 @@ _DONE = object()
 
 
 class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
+    access: ClassVar[Mapping[str, Access]] = {"Ping": OPEN}  # kubelet probes carry no token
+
     def __init__(self, dataplane: DataPlane) -> None:
         super().__init__()
         self.dp = dataplane
@@ -61,6 +64,7 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
         finally:
             call.cancel()
 
+    @bidi
     async def StreamPredictions2(self, requests: AsyncIterator[pb.PredictionsRequest],
                                  context: Any) -> AsyncIterator[pb.PredictionResponse]:
         """One answer per request, in order (a sequence's state sees its requests in the order sent)."""

@@ -14,6 +14,7 @@ from ovserve.common.proto.torchserve import management_pb2 as pb
 from ovserve.common.proto.torchserve import management_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
+from ...gate import MANAGEMENT
 from ...types import Registration, Scaling
 from ..grpc.calls import Servicer, unary
 from ..grpc.listener import Service
@@ -26,6 +27,8 @@ def _msg(text: str) -> pb.ManagementResponse:
 
 
 class ManagementServicer(Servicer, pb_grpc.ManagementAPIsServiceServicer):
+    default_access = MANAGEMENT  # every method: the management tokens, as TorchServe's management key
+
     def __init__(self, dataplane: DataPlane) -> None:
         super().__init__()
         self.dp = dataplane
