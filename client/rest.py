@@ -126,7 +126,8 @@ class HttpSession:
             except aiohttp.ConnectionTimeoutError as exc:
                 error: Exception = exc  # could not even connect in time: worth another try
             except asyncio.TimeoutError:
-                raise TimeoutException(f"no answer from {where} within {limit:g}s") from None
+                within = f" within {limit:g}s" if limit is not None else ""
+                raise TimeoutException(f"no answer from {where}{within}") from None
             except aiohttp.ClientConnectionError as exc:  # refused, reset, or closed before answering
                 error = exc
             if attempt >= self.retries:
