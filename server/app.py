@@ -18,12 +18,13 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from . import ports
 from .dataplane import DataPlane
 from .errors import InvalidInput
+from .tls import ServerTls
 
 log = logging.getLogger("ovserve")
 
@@ -36,8 +37,9 @@ class Listener(Protocol):
     #: what it speaks, for the log: ``KServe V1/V2 REST`` ...
     description: str
 
-    def bind(self, host: str, port: int, credentials: Any = None) -> int:
-        """Bind ``host:port`` (0: a free port); the bound port. TLS credentials will plug in here."""
+    def bind(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+        """Bind ``host:port`` (0: a free port) serving TLS when ``tls`` is given (its reloaded material); the
+        bound port."""
 
     async def start(self) -> None:
         """Accept connections."""
@@ -50,25 +52,29 @@ class Listener(Protocol):
 
 
 class Server:
-    """A data plane and its listeners, each given the port to bind (0: a free one)."""
+    """A data plane and its listeners, each given the port to bind (0: a free one) and, by name in
+    ``tls``, its TLS (:func:`.tls.for_settings`)."""
 
     def __init__(self, dataplane: DataPlane, listeners: list[tuple[Listener, int]], host: str,
-                 grace_period: float) -> None:
+                 grace_period: float, tls: Mapping[str, ServerTls] | None = None) -> None:
         self.dataplane = dataplane
         self.listeners = listeners
         self.host = host
         self.grace_period = grace_period
+        self.tls = dict(tls or {})
         #: the bound ports by listener name, once started
         self.ports: dict[str, int] = {}
 
     async def start(self) -> None:
         for listener, port in self.listeners:
-            self.ports[listener.name] = listener.bind(self.host, port)
+            self.ports[listener.name] = listener.bind(self.host, port, self.tls.get(listener.name))
         for listener, _ in self.listeners:
             await listener.start()
         self.dataplane.live = True
         for listener, _ in self.listeners:
-            log.info(ports.LISTENING, listener.name, self.host, self.ports[listener.name], listener.description)
+            tls = self.tls.get(listener.name)
+            log.info(ports.LISTENING, listener.name, self.host, self.ports[listener.name],
+                     listener.description if tls is None else f"{listener.description}; {tls.files.describe()}")
         log.info(ports.BOUND, ports.bound_line(self.ports))
         await self.dataplane.start()
         for listener, _ in self.listeners:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Settings
-from .flags import ENV_PREFIX, add_process_flags, boolean, port
+from .flags import ENV_PREFIX, add_process_flags, add_tls_override, boolean, port
 from .flags import add as _add
 from .process import configure_logging, run_event_loop
 from .version import __version__
@@ -113,6 +113,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(ts, "--ts-model-api", boolean, False,
          "allow RegisterModel and UnregisterModel (TorchServe's enable_model_api); off: PERMISSION_DENIED")
     _add(ts, "--ts-work-dir", Path, None, "where registered models are unpacked (default: a fresh temporary folder)")
+    add_tls_override(ts, "ts-inference", "TorchServe's inference listener")
+    add_tls_override(ts, "ts-management", "TorchServe's management listener")
     parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")

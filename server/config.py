@@ -21,6 +21,43 @@ DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 GRPC_ENGINES = {"grpcio": "grpcio", "native": "pygrpc-native"}
 
 
+@dataclass(frozen=True, slots=True)
+class TlsOverride:
+    """What ``--<listener>-tls`` says: ``off``, or the fields it replaces (None: the shared flag's value);
+    ``no_client_ca``: ``client-ca=off``, no client certificates asked for on that listener."""
+
+    off: bool = False
+    cert: Path | None = None
+    key: Path | None = None
+    client_ca: Path | None = None
+    no_client_ca: bool = False
+
+
+_OFF = ("off", "none")
+_TLS_FIELDS = {"cert": "cert", "key": "key", "client-ca": "client_ca", "client_ca": "client_ca"}
+
+
+def parse_tls_override(text: str) -> TlsOverride:
+    """``off``, or comma-separated ``cert=FILE``, ``key=FILE``, ``client-ca=FILE|off`` (a flag's type)."""
+    text = text.strip()
+    if text.lower() in _OFF:
+        return TlsOverride(off=True)
+    values: dict[str, Any] = {}
+    for item in text.split(","):
+        name, eq, value = item.strip().partition("=")
+        field = _TLS_FIELDS.get(name.strip().lower())
+        if not eq or field is None or not value.strip():
+            raise ValueError(f"expected off, or cert=FILE,key=FILE,client-ca=FILE|off; got {item.strip()!r}")
+        if field in values:
+            raise ValueError(f"{name.strip()} given twice")
+        value = value.strip()
+        if field == "client_ca" and value.lower() in _OFF:
+            values["no_client_ca"] = True
+            value = ""
+        values[field] = Path(value) if value else None
+    return TlsOverride(**values)
+
+
 @dataclass(slots=True)
 class ProcessSettings:
     """What every ovserve process with listeners shares (``serve``, ``transformer``, ``explainer``):
@@ -50,6 +87,14 @@ class ProcessSettings:
     auth_management_token_file: str | None = None
     #: One JSON line per request to stdout, stderr or this file (None = no access log; server/gate/accesslog.py).
     access_log: str | None = None
+    #: TLS on every listener: the certificate chain and its key (PEM; reloaded when the files change) ...
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: ... and, given, the CA client certificates must chain to: mutual TLS, a certificate required.
+    tls_client_ca: Path | None = None
+    #: One listener's exceptions to the shared TLS flags (``--rest-tls``, ``--grpc-tls``; server/tls.py).
+    rest_tls: TlsOverride | None = None
+    grpc_tls: TlsOverride | None = None
 
 
 @dataclass(slots=True)
@@ -94,6 +139,9 @@ class Settings(ProcessSettings):
     ts_model_api: bool = False
     #: Where registered models are unpacked (a fresh temporary folder when unset).
     ts_work_dir: Path | None = None
+    #: The TorchServe listeners' exceptions to the shared TLS flags (server/tls.py).
+    ts_inference_tls: TlsOverride | None = None
+    ts_management_tls: TlsOverride | None = None
 
     def mode(self) -> str:
         chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),

@@ -12,9 +12,10 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from .config import GRPC_ENGINES, ProcessSettings
+from .config import GRPC_ENGINES, ProcessSettings, TlsOverride, parse_tls_override
 
 ENV_PREFIX = "OVSERVE_"
 LOG_LEVELS = ["debug", "info", "warning", "error"]
@@ -56,6 +57,21 @@ def port(text: str) -> int | None:
     return None if text.strip().lower() in ("", "off", "none") else int(text)
 
 
+def tls_override(text: str) -> TlsOverride:
+    """A ``--<listener>-tls`` value: ``off``, or ``cert=FILE,key=FILE,client-ca=FILE|off`` (any of them)."""
+    try:
+        return parse_tls_override(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_tls_override(group: Any, name: str, what: str, aliases: Sequence[str] = ()) -> None:
+    """``--<name>-tls``: the listener ``name``'s exception to the shared TLS flags."""
+    add(group, f"--{name}-tls", tls_override, None,
+        f"{what}: TLS other than the shared flags': off, or any of cert=FILE,key=FILE,client-ca=FILE|off",
+        aliases=aliases, metavar="off|cert=..,key=..,client-ca=..")
+
+
 def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings, kserve: bool = False) -> None:
     """The listener and operation flags; ``kserve``: KServe's underscore spellings too."""
     def names(flag: str) -> list[str]:
@@ -76,6 +92,17 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     add(net, "--max-header-bytes", int, defaults.max_header_bytes,
         "largest REST request head (request line and header fields); 431 past it",
         aliases=names("--max-header-bytes"))
+    tls = parser.add_argument_group("TLS, on every listener (docs/operations.md)")
+    add(tls, "--tls-cert", Path, defaults.tls_cert,
+        "serve TLS with this PEM certificate chain (with --tls-key); reloaded when the file changes",
+        aliases=names("--tls-cert"), metavar="FILE")
+    add(tls, "--tls-key", Path, defaults.tls_key, "the certificate's unencrypted PEM key",
+        aliases=names("--tls-key"), metavar="FILE")
+    add(tls, "--tls-client-ca", Path, defaults.tls_client_ca,
+        "mutual TLS: clients must present a certificate this PEM CA bundle signed", aliases=names("--tls-client-ca"),
+        metavar="FILE")
+    add_tls_override(tls, "rest", "the REST listener", aliases=names("--rest-tls"))
+    add_tls_override(tls, "grpc", "the KServe V2 gRPC listener", aliases=names("--grpc-tls"))
     ops = parser.add_argument_group("operation")
     add(ops, "--grace-period", float, defaults.grace_period, "seconds in-flight requests get to finish on SIGTERM",
         aliases=names("--grace-period"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from . import tls
 from .app import Listener, Server, run
 from .codecs import images
 from .config import Settings
@@ -72,7 +73,8 @@ def build(settings: Settings) -> Server:
         listeners.append((GrpcListener("ts-management", "TorchServe gRPC management",
                                        [ts_management.service(dataplane)], settings.max_request_bytes,
                                        settings.grpc_engine, gate), settings.ts_management_port))
-    return Server(dataplane, listeners, settings.host, settings.grace_period)
+    return Server(dataplane, listeners, settings.host, settings.grace_period,
+                  tls.for_settings(settings, [listener.name for listener, _ in listeners]))
 
 
 async def serve(settings: Settings) -> int:

@@ -734,6 +734,8 @@ def _sample(action: argparse.Action) -> tuple[str, object]:
         return '{"NUM_STREAMS": "2"}', {"NUM_STREAMS": "2"}
     if action.type is flags.boolean:
         return ("false", False) if action.default else ("true", True)
+    if action.type is flags.tls_override:
+        return "cert=/c.pem,client-ca=off", flags.TlsOverride(cert=Path("/c.pem"), no_client_ca=True)
     if action.type is cli._regexes:  # a comma inside {} is the pattern's own
         return r"https://models\.example\.com/.*,file:///srv/m/\d{1,3}/.*", (
             r"https://models\.example\.com/.*", r"file:///srv/m/\d{1,3}/.*")

@@ -448,6 +448,7 @@ def build(ns: argparse.Namespace) -> Any:
     from ovserve.client.predictor import PredictorClient
     from ovserve.common.tokens import TokenFileError
 
+    from .. import tls
     from ..app import Listener, Server
     from ..gate import gate_from_settings
     from ..transports.grpc.listener import GrpcListener
@@ -476,4 +477,5 @@ def build(ns: argparse.Namespace) -> Any:
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(explainer)],
                                        settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
     log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
-    return Server(explainer, listeners, settings.host, settings.grace_period)
+    return Server(explainer, listeners, settings.host, settings.grace_period,
+                  tls.for_settings(settings, [listener.name for listener, _ in listeners]))

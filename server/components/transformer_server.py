@@ -69,6 +69,7 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     from ovserve.client.predictor import PredictorClient
     from ovserve.common.tokens import TokenFileError
 
+    from .. import tls
     from ..app import Listener, Server
     from ..gate import gate_from_settings
     from ..transports.grpc.listener import GrpcListener
@@ -98,7 +99,8 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
                                        settings.grpc_engine, gate), settings.grpc_port))
     log.info("transformer %s for model %r -> predictor %s (%s)%s", dp.handler_name, ns.model_name, client.target,
              protocol, ", ready only with the predictor" if ns.enable_predictor_health_check else "")
-    return Server(dp, listeners, settings.host, settings.grace_period)
+    return Server(dp, listeners, settings.host, settings.grace_period,
+                  tls.for_settings(settings, [listener.name for listener, _ in listeners]))
 
 
 def main(ns: argparse.Namespace) -> int:

@@ -7,7 +7,13 @@ The engine is chosen here (``--grpc-engine``; docs/performance.md "A second gRPC
   ``grpc.aio`` server whose HTTP/2 and per-call work runs in Rust outside the
   GIL. Unary and server-streaming methods are served by it; bidirectional
   streams and reflection go to a grpc.aio server it runs behind itself on a
-  Unix socket. One port per server, no TLS yet.
+  Unix socket. One port per server; no TLS (pygrpc-native 0.5 has none): a
+  listener asked for TLS on it refuses to start, saying so.
+
+With TLS (server/tls.py), grpcio serves dynamic credentials: gRPC asks the
+fetcher on every new connection's handshake, and the fetcher hands it the
+files' new material once they have changed; connections already open keep
+theirs.
 
 Every listener serves gRPC health (each service NOT_SERVING until the data
 plane has started, SERVING after) and, on first use, server reflection. Adding
@@ -29,6 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ...config import GRPC_ENGINES
 from ...errors import InvalidInput
 from ...gate import OPEN_GATE, Gate
+from ...tls import Material, ServerTls
 from .calls import InFlight, Servicer
 
 log = logging.getLogger("ovserve")
@@ -95,6 +102,27 @@ def make_server(engine: str, options: list[tuple[str, Any]]) -> grpc.aio.Server:
     raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINES)}")
 
 
+def _certificate_configuration(material: Material) -> Any:
+    return grpc.ssl_server_certificate_configuration([(material.key, material.cert)],
+                                                     root_certificates=material.client_ca)
+
+
+def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    """Credentials that serve ``tls``'s newest material to each new connection (and, with a client CA,
+    require a client certificate that chains to it)."""
+    served = [tls.material.version]
+
+    def fetch() -> Any:  # on gRPC's threads, per handshake: None keeps the configuration it has
+        material = tls.refresh()
+        if material.version == served[0]:
+            return None
+        served[0] = material.version
+        return _certificate_configuration(material)
+
+    return grpc.dynamic_ssl_server_credentials(_certificate_configuration(tls.material), fetch,
+                                               require_client_authentication=tls.files.mutual)
+
+
 class GrpcListener:
     """``name`` (the key of the bound-ports map, e.g. ``grpc``) serving ``services`` on one port."""
 
@@ -121,12 +149,16 @@ class GrpcListener:
         package = GRPC_ENGINES[self.engine]
         return f"{self.engine} ({package} {version(package)})"
 
-    def bind(self, host: str, port: int, credentials: grpc.ServerCredentials | None = None) -> int:
-        """Bind ``host:port`` (0: a free port), with TLS when ``credentials`` are given; the bound port."""
+    def bind(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+        """Bind ``host:port`` (0: a free port), with TLS when ``tls`` is given; the bound port."""
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            bound = (self.server.add_secure_port(address, credentials) if credentials is not None
+            bound = (self.server.add_secure_port(address, server_credentials(tls)) if tls is not None
                      else self.server.add_insecure_port(address))
+        except NotImplementedError:  # an engine without TLS (pygrpc-native 0.5)
+            package = GRPC_ENGINES[self.engine]
+            raise InvalidInput(f"{self.name}: the {self.engine} gRPC engine ({package} {version(package)}) serves "
+                               f"no TLS; use --grpc-engine grpcio, or --{self.name}-tls off") from None
         except RuntimeError:  # both engines raise it for an address in use (grpcio may also return 0)
             bound = 0
         if bound == 0:

@@ -2,7 +2,9 @@
 
 The socket is bound first (so port 0 can be read back and logged), then served
 by uvicorn without its own signal handling: the process's Server owns
-SIGTERM/SIGINT, so that every listener drains together.
+SIGTERM/SIGINT, so that every listener drains together. With TLS, uvicorn
+serves the socket with the :class:`~ovserve.server.tls.ServerTls`'s context,
+which hands every new connection the newest certificate (server/tls.py).
 """
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import uvicorn
 
 from ...config import DEFAULT_MAX_HEADER_BYTES
 from ...dataplane import DataPlane
 from ...gate import OPEN_GATE, Gate
+from ...tls import ServerTls
 from .app import create_app
 from .head_limit import head_limited
 
@@ -59,8 +61,10 @@ class RestListener:
         self._sock: socket.socket | None = None
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
+        self._tls: ServerTls | None = None
 
-    def bind(self, host: str, port: int, credentials: Any = None) -> int:
+    def bind(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+        self._tls = tls
         self._sock = bind_socket(host, port, self.backlog)
         bound: int = self._sock.getsockname()[1]
         return bound
@@ -68,9 +72,11 @@ class RestListener:
     async def start(self) -> None:
         """Serve the bound socket in a task; return once uvicorn accepts connections (raise if it stopped)."""
         assert self._sock is not None
+        tls = self._tls
         self._server = _Uvicorn(uvicorn.Config(
             self.app, http=head_limited(self.max_header_bytes), ws="none", lifespan="off", access_log=False,
             log_config=None, timeout_keep_alive=75,
+            ssl_context_factory=None if tls is None else lambda config, default: tls.ssl_context(),
         ))
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]), name=f"ovserve-{self.name}")
         while not self._server.started:

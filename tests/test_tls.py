@@ -1,0 +1,439 @@
+"""TLS and mutual TLS on every listener of ``ovserve serve`` (server/tls.py), through real clients.
+
+Certificates are made by the ``openssl`` command (tests/client_proxies.py ``make_certs``: a CA, a server
+certificate for localhost and 127.0.0.1, a client certificate); a second, unrelated set stands for what
+cert-manager rotates in. The clients are curl, tritonclient's gRPC client, the kserve SDK (in a child
+process: its stubs and tritonclient's define the same protobuf package), TorchServe's own gRPC stubs
+(tests/ts_stubs.py) and Python's ssl module, which shows what certificate a new connection is given.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as tgrpc
+from tritonclient.utils import InferenceServerException
+
+from ovserve.server import tls as server_tls
+from ovserve.server.config import TlsOverride, parse_tls_override
+
+from . import models
+from .client_proxies import Certs, make_certs, needs_openssl
+from .servers import EXACT, ServerProcess
+
+pytestmark = [needs_openssl, pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")]
+
+HOST = "127.0.0.1"
+X = np.arange(16, dtype=np.float32).reshape(2, 8)
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
+#: seconds a rotated certificate may take to reach new connections (the server looks every second)
+ROTATION = 15
+
+
+def expected() -> np.ndarray:
+    w, b = models.matmul_weights()
+    return X @ w + b
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs-a"))
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """Another CA's set: what a rotation brings, or an untrusted client."""
+    return make_certs(tmp_path_factory.mktemp("certs-b"))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tls-repo")
+    models.save(models.matmul(), folder, "matmul")
+    return folder
+
+
+def tls_flags(c: Certs, client_ca: bool = True, folder: Path | None = None) -> list[str]:
+    """--tls-* for set ``c`` (or, with ``folder``, for the files a Secret volume would hold there)."""
+    cert, key, ca = ((folder / "tls.crt", folder / "tls.key", folder / "ca.crt") if folder is not None
+                     else (c.server_cert, c.server_key, c.ca))
+    return ["--tls-cert", str(cert), "--tls-key", str(key), *(["--tls-client-ca", str(ca)] if client_ca else [])]
+
+
+def wait_https(proc: ServerProcess, c: Certs, timeout: float = 60) -> ServerProcess:
+    """Until GET /v2/health/ready answers 200 over TLS with ``c``'s client certificate."""
+    proc.wait_ports(timeout)
+
+    def ready() -> bool:
+        try:
+            return requests.get(f"https://{HOST}:{proc.rest_port}/v2/health/ready", verify=str(c.ca),
+                                cert=(str(c.client_cert), str(c.client_key)), timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    proc.wait_until(ready, "HTTPS ready", timeout)
+    return proc
+
+
+def curl(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """curl ``url``, printing the status last (``000`` when no HTTP answer came)."""
+    return subprocess.run(["curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}", *args, url],
+                          capture_output=True, text=True, timeout=60)
+
+
+def infer_with_curl(port: int, *args: str) -> subprocess.CompletedProcess[str]:
+    return curl(f"https://localhost:{port}/v2/models/matmul/infer", "-H", "Content-Type: application/json",
+                "-d", json.dumps(BODY), *args)
+
+
+def served_certificate(port: int, ca: Path | None = None, alpn: str = "http/1.1") -> bytes:
+    """The DER certificate a new TLS connection to ``port`` is given (verified against ``ca`` when given)."""
+    ctx = ssl.create_default_context(cafile=str(ca)) if ca is not None else ssl._create_unverified_context()
+    ctx.set_alpn_protocols([alpn])
+    with socket.create_connection((HOST, port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as conn:
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def der(pem: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(pem.read_text())
+
+
+def triton(port: int, c: Certs | None, client: Certs | None) -> tgrpc.InferenceServerClient:
+    """tritonclient's gRPC client over TLS trusting ``c``'s CA, with ``client``'s certificate if given."""
+    assert c is not None
+    kw = {"private_key": str(client.client_key), "certificate_chain": str(client.client_cert)} if client else {}
+    return tgrpc.InferenceServerClient(f"{HOST}:{port}", ssl=True, root_certificates=str(c.ca), **kw)
+
+
+def triton_infer(client: tgrpc.InferenceServerClient) -> np.ndarray:
+    tensor = tgrpc.InferInput("x", list(X.shape), "FP32")
+    tensor.set_data_from_numpy(X)
+    result = client.infer("matmul", [tensor], client_timeout=20).as_numpy("y")
+    assert result is not None
+    return result
+
+
+# -- one server: mTLS on REST, KServe gRPC and TorchServe's two listeners ----------------------------
+@pytest.fixture(scope="module")
+def mtls(repo: Path, certs: Certs) -> Iterator[ServerProcess]:
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT, *tls_flags(certs),
+                          "--ts-inference-port", "0", "--ts-management-port", "0",
+                          "--ts-management-tls", "client-ca=off"])
+    try:
+        yield wait_https(proc, certs)
+    finally:
+        assert proc.stop() == 0
+
+
+def test_listeners_say_they_serve_tls(mtls: ServerProcess, certs: Certs) -> None:
+    for name in ("rest", "grpc", "ts-inference"):
+        line = mtls.wait_log(rf"\b{name} listening on ")
+        assert f"mTLS, client certificates required (CA {certs.ca})" in line, line
+    line = mtls.wait_log(r"\bts-management listening on ")
+    assert "; TLS, certificate" in line and "client certificates" not in line, line
+
+
+def test_curl_with_a_client_certificate_infers(mtls: ServerProcess, certs: Certs) -> None:
+    out = infer_with_curl(mtls.rest_port, "--cacert", str(certs.ca), "--cert", str(certs.client_cert),
+                          "--key", str(certs.client_key))
+    body, _, status = out.stdout.rpartition("\n")
+    assert status == "200", out
+    np.testing.assert_allclose(np.array(json.loads(body)["outputs"][0]["data"]).reshape(2, 4), expected(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("who", ["no certificate", "another CA's certificate"])
+def test_curl_without_a_trusted_client_certificate_is_refused(mtls: ServerProcess, certs: Certs, other: Certs,
+                                                              who: str) -> None:
+    args = ["--cacert", str(certs.ca)]
+    if who != "no certificate":
+        args += ["--cert", str(other.client_cert), "--key", str(other.client_key)]
+    out = infer_with_curl(mtls.rest_port, *args)
+    assert out.returncode != 0 and out.stdout.endswith("000"), out  # no HTTP answer at all
+
+
+def test_plain_http_gets_no_answer_from_a_tls_port(mtls: ServerProcess) -> None:
+    out = curl(f"http://{HOST}:{mtls.rest_port}/v2/health/live")
+    assert out.returncode != 0 and out.stdout.endswith("000"), out
+
+
+def test_tritonclient_grpc_with_root_certificates_and_a_client_certificate(mtls: ServerProcess,
+                                                                           certs: Certs) -> None:
+    client = triton(mtls.grpc_port, certs, certs)
+    try:
+        assert client.is_server_ready()
+        np.testing.assert_allclose(triton_infer(client), expected(), rtol=1e-5)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("who", ["no certificate", "another CA's certificate"])
+def test_tritonclient_grpc_without_a_trusted_client_certificate_is_refused(mtls: ServerProcess, certs: Certs,
+                                                                           other: Certs, who: str) -> None:
+    client = triton(mtls.grpc_port, certs, None if who == "no certificate" else other)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.is_server_ready(client_timeout=10)
+        assert info.value.status() == "StatusCode.UNAVAILABLE", info.value
+    finally:
+        client.close()
+
+
+#: Run as ``python kserve_tls.py URL CA CERT KEY X_JSON``: the kserve SDK's REST client with and without the
+#: client certificate; prints one JSON object.
+KSERVE_CLIENT = r'''
+import asyncio, json, ssl, sys
+
+import numpy as np
+from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+
+url, ca, cert, key, x = sys.argv[1:6]
+x = np.asarray(json.loads(x), dtype=np.float32)
+out = {}
+
+
+async def main():
+    tensor = InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    # RESTConfig's cert= never reaches httpx (kserve 0.21 builds a transport with it and drops it):
+    # the client certificate goes in the SSLContext that verify= takes (docs/operations.md)
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    async with InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=20, verify=context)) as c:
+        out["ready"] = await c.is_server_ready(url)
+        resp = await c.infer(url, InferRequest("matmul", [tensor]), model_name="matmul")
+        out["y"] = resp.outputs[0].as_numpy().tolist()
+    async with InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=20, verify=ca)) as c:
+        try:
+            await c.is_server_ready(url)
+            out["without"] = "answered"
+        except Exception as exc:
+            out["without"] = type(exc).__name__ + ": " + str(exc)
+
+
+asyncio.run(main())
+print(json.dumps(out))
+'''
+
+
+def test_kserve_sdk_rest_client_with_a_client_certificate(mtls: ServerProcess, certs: Certs, tmp_path: Path) -> None:
+    script = tmp_path / "kserve_tls.py"
+    script.write_text(KSERVE_CLIENT)
+    proc = subprocess.run([sys.executable, str(script), f"https://localhost:{mtls.rest_port}", str(certs.ca),
+                           str(certs.client_cert), str(certs.client_key), json.dumps(X.tolist())],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ready"] is True
+    np.testing.assert_allclose(np.array(out["y"]), expected(), rtol=1e-5)
+    assert out["without"] != "answered", out
+
+
+def test_torchserve_stubs_over_tls(mtls: ServerProcess, certs: Certs) -> None:
+    """TorchServe's inference listener demands the client certificate; the management listener's
+    ``--ts-management-tls client-ca=off`` serves TLS without asking for one."""
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from .ts_stubs import ts_stubs
+
+    ts = ts_stubs()
+    mutual = grpc.ssl_channel_credentials(certs.ca.read_bytes(), certs.client_key.read_bytes(),
+                                          certs.client_cert.read_bytes())
+    with grpc.secure_channel(f"{HOST}:{mtls.ports['ts-inference']}", mutual) as channel:
+        stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        assert json.loads(stub.Ping(empty_pb2.Empty(), timeout=20).health)["status"] == "Healthy"
+        reply = stub.Predictions(ts.inference_pb2.PredictionsRequest(
+            model_name="matmul", input={"data": json.dumps(BODY).encode()}), timeout=20)
+        y = np.array(json.loads(reply.prediction)["outputs"][0]["data"]).reshape(2, 4)
+        np.testing.assert_allclose(y, expected(), rtol=1e-5)
+    server_only = grpc.ssl_channel_credentials(certs.ca.read_bytes())
+    with grpc.secure_channel(f"{HOST}:{mtls.ports['ts-inference']}", server_only) as channel:
+        stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predictions(ts.inference_pb2.PredictionsRequest(model_name="matmul"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    with grpc.secure_channel(f"{HOST}:{mtls.ports['ts-management']}", server_only) as channel:
+        stub = ts.management_pb2_grpc.ManagementAPIsServiceStub(channel)
+        reply = stub.ListModels(ts.management_pb2.ListModelsRequest(limit=10), timeout=20)
+        assert "matmul" in reply.msg
+
+
+# -- the engine without TLS, and what cannot start -----------------------------------------------------
+def test_native_grpc_engine_is_refused_with_tls_in_one_line(repo: Path, certs: Certs) -> None:
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--grpc-engine", "native",
+                          *tls_flags(certs, client_ca=False)])
+    assert proc.wait_exit(60) == 1
+    errors = [line for line in proc.lines if " ERROR " in line]
+    assert len(errors) == 1, proc.log
+    assert "cannot start: grpc: the native gRPC engine (pygrpc-native " in errors[0]
+    assert "serves no TLS; use --grpc-engine grpcio, or --grpc-tls off" in errors[0]
+
+
+def test_native_grpc_engine_serves_plain_grpc_beside_tls_rest(repo: Path, certs: Certs) -> None:
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT, "--grpc-engine", "native",
+                          *tls_flags(certs), "--grpc-tls", "off"])
+    try:
+        wait_https(proc, certs)
+        client = tgrpc.InferenceServerClient(proc.grpc_target)
+        try:
+            np.testing.assert_allclose(triton_infer(client), expected(), rtol=1e-5)
+        finally:
+            client.close()
+    finally:
+        assert proc.stop() == 0
+
+
+@pytest.mark.parametrize("case", ["key of another certificate", "missing key", "CA file without a CA",
+                                  "client CA without a certificate", "encrypted key"])
+def test_unusable_tls_files_cannot_start(repo: Path, certs: Certs, other: Certs, tmp_path: Path, case: str) -> None:
+    flags, says = {
+        "key of another certificate": (["--tls-cert", str(certs.server_cert), "--tls-key", str(other.server_key)],
+                                       f"the key {other.server_key} is not the key of the certificate"),
+        "missing key": (["--tls-cert", str(certs.server_cert), "--tls-key", str(tmp_path / "nope.key")],
+                        f"cannot read {tmp_path / 'nope.key'}: No such file or directory"),
+        "CA file without a CA": ([*tls_flags(certs, client_ca=False), "--tls-client-ca", str(certs.server_key)],
+                                 f"{certs.server_key}: no CA certificate in it"),
+        "client CA without a certificate": (["--tls-client-ca", str(certs.ca)],
+                                            "--tls-client-ca needs --tls-cert and --tls-key"),
+        "encrypted key": (["--tls-cert", str(certs.server_cert), "--tls-key", str(tmp_path / "enc.key")],
+                          "is encrypted: ovserve reads an unencrypted PEM key"),
+    }[case]
+    if case == "encrypted key":
+        subprocess.run(["openssl", "pkey", "-in", str(certs.server_key), "-aes256", "-passout", "pass:secret",
+                        "-out", str(tmp_path / "enc.key")], check=True, capture_output=True, timeout=60)
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *flags])
+    assert proc.wait_exit(60) == 1
+    errors = [line for line in proc.lines if " ERROR " in line]
+    assert len(errors) == 1 and "cannot start: " in errors[0] and says in errors[0], proc.log
+
+
+# -- rotation ------------------------------------------------------------------------------------------
+class SecretVolume:
+    """A folder laid out as kubelet lays out a Secret volume: ``tls.crt``, ``tls.key`` and ``ca.crt`` are
+    links through ``..data`` to a timestamped folder, and an update swaps ``..data`` in one rename."""
+
+    def __init__(self, folder: Path, c: Certs) -> None:
+        self.folder = folder
+        self.generation = 0
+        self.write(c)
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            (folder / name).symlink_to(Path("..data") / name)
+
+    def write(self, c: Certs) -> None:
+        self.generation += 1
+        data = self.folder / f"..2026_11_24_{self.generation:02d}"
+        data.mkdir()
+        for name, source in (("tls.crt", c.server_cert), ("tls.key", c.server_key), ("ca.crt", c.ca)):
+            shutil.copyfile(source, data / name)
+        link = self.folder / "..data_tmp"
+        link.symlink_to(data.name)
+        os.replace(link, self.folder / "..data")
+
+
+def test_a_rotated_certificate_reaches_new_connections_while_open_ones_keep_working(
+        repo: Path, certs: Certs, other: Certs, tmp_path: Path) -> None:
+    volume = SecretVolume(tmp_path, certs)
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT,
+                          *tls_flags(certs, folder=tmp_path)])
+    try:
+        wait_https(proc, certs)
+        # connections opened before the rotation: a keep-alive REST session and a gRPC channel
+        # (verify= per request: a session's own gives way to REQUESTS_CA_BUNDLE where that is set)
+        session = requests.Session()
+        mine = {"verify": str(certs.ca), "cert": (str(certs.client_cert), str(certs.client_key)), "timeout": 20}
+        rest = f"https://{HOST}:{proc.rest_port}/v2/models/matmul/infer"
+        assert session.post(rest, json=BODY, **mine).status_code == 200
+        old_grpc = triton(proc.grpc_port, certs, certs)
+        np.testing.assert_allclose(triton_infer(old_grpc), expected(), rtol=1e-5)
+        assert served_certificate(proc.rest_port, certs.ca) == der(certs.server_cert)
+
+        volume.write(other)  # cert-manager renews: another CA's certificate, key and client CA
+
+        def rotated() -> bool:
+            return served_certificate(proc.rest_port) == der(other.server_cert)
+
+        proc.wait_until(rotated, "the new certificate on a new REST connection", ROTATION)
+        assert served_certificate(proc.grpc_port, alpn="h2") == der(other.server_cert)
+        # new connections: the new certificate and the new client CA
+        out = infer_with_curl(proc.rest_port, "--cacert", str(other.ca), "--cert", str(other.client_cert),
+                              "--key", str(other.client_key))
+        assert out.stdout.endswith("200"), out
+        out = infer_with_curl(proc.rest_port, "--cacert", str(other.ca), "--cert", str(certs.client_cert),
+                              "--key", str(certs.client_key))
+        assert out.stdout.endswith("000"), out  # the old client CA is no longer trusted
+        new_grpc = triton(proc.grpc_port, other, other)
+        try:
+            np.testing.assert_allclose(triton_infer(new_grpc), expected(), rtol=1e-5)
+        finally:
+            new_grpc.close()
+        stale = triton(proc.grpc_port, certs, certs)
+        try:
+            with pytest.raises(InferenceServerException):
+                stale.is_server_ready(client_timeout=10)
+        finally:
+            stale.close()
+        # the connections opened before: still working (a new one could not verify the new certificate
+        # against the old CA, so these answers come over the old connections)
+        assert session.post(rest, json=BODY, **mine).status_code == 200
+        np.testing.assert_allclose(triton_infer(old_grpc), expected(), rtol=1e-5)
+        old_grpc.close()
+        session.close()
+        assert any("TLS: reloaded" in line for line in proc.lines), proc.log
+    finally:
+        assert proc.stop() == 0
+
+
+def test_files_half_rewritten_keep_the_previous_material_until_they_load(
+        certs: Certs, other: Certs, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A writer that replaces the certificate first and the key a moment later (not atomically): in
+    between, new connections keep the previous certificate, the mismatch is logged once, and the pair
+    is taken once both are there."""
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copyfile(certs.server_cert, cert)
+    shutil.copyfile(certs.server_key, key)
+    tls = server_tls.ServerTls(server_tls.TlsFiles(cert, key), check_interval=0)
+    first = tls.material
+    assert first.cert == certs.server_cert.read_bytes()
+    assert tls.refresh() is first  # nothing changed
+    shutil.copyfile(other.server_cert, cert)
+    with caplog.at_level(logging.WARNING, logger="ovserve"):
+        assert tls.refresh() is first
+        assert tls.refresh() is first
+    warnings = [r.getMessage() for r in caplog.records if "does not load" in r.getMessage()]
+    assert len(warnings) == 1 and "is not the key of the certificate" in warnings[0], warnings
+    shutil.copyfile(other.server_key, key)
+    time.sleep(0.01)
+    new = tls.refresh()
+    assert new.version == 2 and new.cert == other.server_cert.read_bytes() and new.key == other.server_key.read_bytes()
+    assert new.context is not first.context
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("off", TlsOverride(off=True)),
+    ("cert=/a.pem,key=/a.key", TlsOverride(cert=Path("/a.pem"), key=Path("/a.key"))),
+    ("client-ca=off", TlsOverride(no_client_ca=True)),
+    ("client_ca=/ca.pem", TlsOverride(client_ca=Path("/ca.pem"))),
+])
+def test_listener_override_values(text: str, parsed: TlsOverride) -> None:
+    assert parse_tls_override(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["on", "cert", "cert=", "cert=/a,cert=/b", "ca=/x"])
+def test_listener_override_refuses_what_it_cannot_read(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_tls_override(text)
