@@ -115,6 +115,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(ts, "--ts-work-dir", Path, None, "where registered models are unpacked (default: a fresh temporary folder)")
     add_tls_override(ts, "ts-inference", "TorchServe's inference listener")
     add_tls_override(ts, "ts-management", "TorchServe's management listener")
+    mon = serve.add_argument_group("Prometheus metrics, as OVMS's (docs/operations.md)")
+    _add(mon, "--metrics-enable", boolean, False,
+         "serve Prometheus metrics at /metrics on the REST port (or --metrics-port); the flag alone means true",
+         aliases=["--metrics_enable"], nargs="?", const=True, metavar="BOOL")
+    _add(mon, "--metrics-list", str, "",
+         "comma-separated metric families to serve, e.g. ovms_requests_success,ovms_infer_req_queue_size "
+         "(default: OVMS's default list and ovserve's own)", aliases=["--metrics_list"], metavar="FAMILIES")
+    _add(mon, "--metrics-port", port, None, "serve the metrics on a port of their own instead (0 picks a free one)")
     parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")

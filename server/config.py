@@ -142,6 +142,13 @@ class Settings(ProcessSettings):
     #: The TorchServe listeners' exceptions to the shared TLS flags (server/tls.py).
     ts_inference_tls: TlsOverride | None = None
     ts_management_tls: TlsOverride | None = None
+    #: Prometheus metrics at /metrics on the REST port (OVMS's --metrics_enable; or config.json's
+    #: monitoring.metrics) ...
+    metrics_enable: bool = False
+    #: ... the families, comma-separated (OVMS's --metrics_list; empty: OVMS's default list) ...
+    metrics_list: str = ""
+    #: ... and a port of their own instead of the REST port (None: the REST port).
+    metrics_port: int | None = None
 
     def mode(self) -> str:
         chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import Unsupported
+from .metrics import Metrics
 from .types import (
     Explanation,
     Headers,
@@ -39,6 +40,8 @@ class DataPlane(abc.ABC):
     def __init__(self) -> None:
         #: set by the Server once its listeners accept connections
         self.live = False
+        #: the process's Prometheus metrics, when they are on (the transports' hooks and /metrics read them)
+        self.metrics: Metrics | None = None
 
     # -- lifecycle (the Server calls these) -----------------------------------
     # Optional hooks, not abstract: a data plane with nothing to start or stop keeps these no-ops.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +19,9 @@ from ovserve.common.codecs.tensors import encoding_parameters
 
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
-from .errors import InvalidInput, Unavailable
-from .repository.manager import ModelManager
+from .errors import InvalidInput, ServerError, Unavailable
+from .metrics import Metrics
+from .repository.manager import ModelManager, ModelVersion
 from .repository.states import State
 from .runtime.memory import release_free_memory
 from .runtime.openvino import OpenVINOModel
@@ -49,9 +51,14 @@ PLATFORM = "OpenVINO"
 
 class ModelServer(DataPlane):
     def __init__(self, manager: ModelManager, store: Store | None = None, work: Path | None = None,
-                 model_api: bool = False, remove_work: bool = False) -> None:
+                 model_api: bool = False, remove_work: bool = False, metrics: Metrics | None = None) -> None:
         super().__init__()
         self.manager = manager
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.resolve = self._serving_label
+            metrics.collect("ovserve_model_version_state", self._version_states)
+            manager.on_state = self._state_changed
         #: TorchServe's handlers and model management, over the same models
         self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work)
         # OpenCV releases the GIL: the images of a batch decode in parallel, off the loop.
@@ -126,7 +133,10 @@ class ModelServer(DataPlane):
             feed, images = check_inputs(request, model)
             wanted = check_outputs(request, model)
             if images:
+                started = time.perf_counter()
                 await self._decode(feed, images)
+                if model.metrics is not None:
+                    model.metrics.decoded(time.perf_counter() - started)
             results = await model.infer(feed)
         finally:
             self.manager.release(mv)
@@ -176,7 +186,41 @@ class ModelServer(DataPlane):
         return await self.handlers.describe(name, version, customized)
 
     def set_default_version(self, name: str, version: str) -> str:
-        return self.handlers.set_default(name, version)
+        answer = self.handlers.set_default(name, version)
+        if self.metrics is not None:
+            self.metrics.changed(name)
+        return answer
+
+    # -- metrics (only while they are on) --------------------------------------------------------
+    def _state_changed(self, mv: ModelVersion) -> None:
+        """A version's state changed: it gets its series once AVAILABLE (its gauges read it while it is
+        loaded), and requests without a version are resolved afresh."""
+        metrics = self.metrics
+        assert metrics is not None
+        metrics.changed(mv.name)
+        state, model = mv.status.state, mv.model
+        if state is State.AVAILABLE and model is not None:
+            series = metrics.version(mv.name, self.manager.label(mv.name, mv.version))
+            series.live = lambda: (mv.inflight, model.streams, model.nireq, model.active())
+            series.owner = mv
+            model.metrics = series
+        elif state is State.END:
+            for series in metrics.versions_of(mv.name):
+                if series.owner is mv:  # not a reloaded twin that took over the same version
+                    series.live = series.owner = None
+
+    def _serving_label(self, name: str, version: str) -> str | None:
+        """The label of the version a request for ``name`` ``version`` goes to (None: none would)."""
+        try:
+            mv = self.manager.version(name, version)
+        except ServerError:
+            return None
+        return self.manager.label(name, mv.version)
+
+    def _version_states(self) -> list[tuple[tuple[str, str, str], int]]:
+        label = self.manager.label
+        return [((name, mv.status.state.value, label(name, v)), 1)
+                for name, served in self.manager.models.items() for v, mv in sorted(served.versions.items())]
 
     async def _decode(self, feed: dict[str, Any], images: list[tuple[Tensor, PortInfo]]) -> None:
         loop = asyncio.get_running_loop()

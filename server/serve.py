@@ -4,7 +4,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from . import tls
+from . import monitoring, tls
 from .app import Listener, Server, run
 from .codecs import images
 from .config import Settings
@@ -58,7 +58,8 @@ def build(settings: Settings) -> Server:
     except ValueError as exc:
         raise SystemExit(f"ovserve: {exc}") from None
     dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval),
-                            store, work, settings.ts_model_api, remove_work=settings.ts_work_dir is None)
+                            store, work, settings.ts_model_api, remove_work=settings.ts_work_dir is None,
+                            metrics=monitoring.metrics(settings))
     rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only
@@ -73,6 +74,8 @@ def build(settings: Settings) -> Server:
         listeners.append((GrpcListener("ts-management", "TorchServe gRPC management",
                                        [ts_management.service(dataplane)], settings.max_request_bytes,
                                        settings.grpc_engine, gate), settings.ts_management_port))
+    if dataplane.metrics is not None:
+        monitoring.add_listeners(listeners, dataplane, settings)
     return Server(dataplane, listeners, settings.host, settings.grace_period,
                   tls.for_settings(settings, [listener.name for listener, _ in listeners]))
 

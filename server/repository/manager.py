@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,8 @@ class ModelVersion:
     fingerprint: tuple[tuple[str, int, int], ...] = ()
     inflight: int = 0
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+    #: told of every state change (the manager's :attr:`ModelManager.on_state`)
+    observer: Callable[[ModelVersion], None] | None = None
 
     @property
     def failed(self) -> bool:
@@ -71,6 +74,8 @@ class ModelVersion:
             log.info("model %s version %d: %s", self.name, self.version, state.value)
         else:
             log.error("model %s version %d: %s (%s: %s)", self.name, self.version, state.value, code, message)
+        if self.observer is not None:
+            self.observer(self)
 
 
 @dataclass(eq=False)
@@ -97,6 +102,8 @@ class ModelManager:
         self.labels: dict[str, dict[int, str]] = {}
         #: a model's default version when one was set (TorchServe's SetDefault); else the latest
         self.defaults: dict[str, int] = {}
+        #: called with a version after each of its state changes (the model server's metrics)
+        self.on_state: Callable[[ModelVersion], None] | None = None
         self._source_problem: str | None = None  # why the source is invalid, as last logged
         self._poller: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(
@@ -234,7 +241,7 @@ class ModelManager:
                 # failure waits for a change; a version retired normally (END, OK) loads again
                 # whenever the policy wants it back, even from files restored with their old mtimes.
                 continue
-            mv = ModelVersion(cfg.name, v, cfg, fingerprint=fp)
+            mv = ModelVersion(cfg.name, v, cfg, fingerprint=fp, observer=self._state_changed)
             mv.set_state(State.START)
             served.versions[v] = mv
             loads.append(self._load(mv))
@@ -298,6 +305,10 @@ class ModelManager:
             mv.model = None
             asyncio.get_running_loop().run_in_executor(self._executor, release_free_memory)
         mv.set_state(State.END)
+
+    def _state_changed(self, mv: ModelVersion) -> None:
+        if self.on_state is not None:
+            self.on_state(mv)
 
     # -- the repository extension -----------------------------------------
     async def load(self, name: str) -> None:

@@ -166,6 +166,12 @@ class DynamicBatcher:
     async def _run(self, slot: _Slot, batch: list[_Pending]) -> None:
         self.batches += 1
         self.requests += len(batch)
+        series = self.model.metrics
+        if series is not None:  # each member waited from its arrival until its batch got an infer request
+            now = time.perf_counter()
+            for p in batch:
+                series.waited(now - p.arrived)
+            series.batched(sum(p.rows for p in batch))
         if len(batch) == 1:
             await _answer(batch[0], self.model.run_on(slot, batch[0].inputs))
             return

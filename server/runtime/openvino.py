@@ -29,6 +29,7 @@ from . import cpus
 from .failures import inference_error
 
 if TYPE_CHECKING:  # imported when a model batches (see load)
+    from ..metrics import VersionSeries
     from .batching import DynamicBatcher
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,11 @@ class OpenVINOModel:
         #: running estimate of one inference's duration (seconds); None until measured
         self.cost: float | None = None
         self.nireq = 0
+        #: OpenVINO execution streams (ovms_streams; 0 where the device does not say)
+        self.streams = 0
         self.batcher: DynamicBatcher | None = None
+        #: this version's metric series while metrics are on (set by the data plane once it is AVAILABLE)
+        self.metrics: VersionSeries | None = None
 
     # -- loading (blocking; the repository runs it in a worker thread) -----
     def load(self) -> None:
@@ -293,6 +298,10 @@ class OpenVINOModel:
         self.outputs = [self._port(p, i, "output") for i, p in enumerate(compiled.outputs)]
         optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self.nireq = opts.nireq if opts.nireq > 0 else max(optimal, 1)
+        try:
+            self.streams = int(compiled.get_property("NUM_STREAMS"))
+        except Exception:  # a device without the property: ovms_streams reads 0
+            self.streams = 0
         self._compiled = compiled
         self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
         self._idle = deque(self._slots)
@@ -375,7 +384,17 @@ class OpenVINOModel:
 
     async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One inference exactly as given, on one infer request."""
-        return await self.run_on(await self.acquire(), inputs)
+        series = self.metrics
+        if series is None:
+            return await self.run_on(await self.acquire(), inputs)
+        started = time.perf_counter()
+        slot = await self.acquire()
+        series.waited(time.perf_counter() - started)
+        return await self.run_on(slot, inputs)
+
+    def active(self) -> int:
+        """Infer requests in use (ovms_infer_req_active)."""
+        return len(self._slots) - len(self._idle)
 
     async def acquire(self) -> _Slot:
         """An idle infer request (waits for one); give it to :meth:`run_on` or :meth:`release`."""
@@ -583,6 +602,9 @@ class OpenVINOModel:
     def _measured(self, seconds: float) -> None:
         cost = self.cost
         self.cost = seconds if cost is None else cost + _EWMA * (seconds - cost)
+        series = self.metrics
+        if series is not None:
+            series.inferred(seconds)
 
     def _read_outputs(self, slot: _Slot) -> dict[str, np.ndarray]:
         req = slot.request

@@ -143,6 +143,8 @@ class HandlerRegistry:
         workers = Workers(where, spec, context, batch_size, delay_ms / 1000, timeout_s, stateful=stateful,
                           sequence_idle_s=idle_ms / 1000,
                           max_sequences=most if isinstance(most, int) and not isinstance(most, bool) else 0)
+        if model.metrics is not None:
+            workers.timed = model.metrics.handled
         return Entry(mv.name, mv.version, label, model_dir, url, spec, workers, manifest)
 
     # -- health ------------------------------------------------------------------

@@ -18,6 +18,7 @@ import inspect
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -104,6 +105,8 @@ class Workers:
         self._seen: dict[str, float] = {}  # open sequence -> loop time of its last request
         self._janitor: asyncio.Task[None] | None = None
         self._scaling = asyncio.Lock()
+        #: told how long each handle() call took, in seconds (the version's metrics, when on)
+        self.timed: Callable[[float], None] | None = None
 
     # -- scaling -------------------------------------------------------------
     async def scale(self, min_workers: int, max_workers: int) -> None:
@@ -314,6 +317,7 @@ class Workers:
                     values[idx] = status_error(item.status, item.phrase)
             return values
 
+        started = time.perf_counter()
         future = loop.run_in_executor(worker.thread, call)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.response_timeout_s)
@@ -324,6 +328,9 @@ class Workers:
                 _fail(job, DeadlineExceeded(f"{self.where}: the handler did not answer within the response "
                                             f"timeout ({self.response_timeout_s:g} s)"))
             raise _TimedOut from None
+        finally:
+            if self.timed is not None:
+                self.timed(time.perf_counter() - started)
 
     async def _replace(self, worker: Worker) -> None:
         if worker in self.workers:

@@ -8,6 +8,11 @@ logged once and ends it INTERNAL, with no traceback for the client. A stream
 that answers errors in-band (KServe's ModelStreamInfer) takes its message from
 :func:`in_band`, through the same table.
 
+The same decorators are the gRPC side of the one request-outcome hook of the
+metrics (server/metrics): a method a servicer lists in ``observed`` is counted,
+and timed, under its :class:`~ovserve.server.metrics.Call` for the model its
+request names, once it has ended, well or not.
+
 A decorator rather than a grpc.aio interceptor: the native engine runs a
 server with interceptors through its slower grpc.aio fallback.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -23,6 +29,7 @@ import grpc
 
 from ...errors import ServerError, Unavailable, grpc_status
 from ...gate import INFERENCE, OPEN_GATE, Access, Gate
+from ...metrics import Call, Metrics
 from .gate import gated_stream, gated_unary
 
 log = logging.getLogger(__name__)
@@ -91,6 +98,20 @@ class InFlight:
         return True
 
 
+class Observed:
+    """How one method's requests count in the metrics: its call, and the request's fields that name
+    the model and the version (no version field: a call OVMS counts per model)."""
+
+    __slots__ = ("call", "name", "version")
+
+    def __init__(self, call: Call, name: str = "model_name", version: str = "model_version") -> None:
+        self.call, self.name, self.version = call, name, version
+
+    def done(self, metrics: Metrics, request: Any, ok: bool, started: float) -> None:
+        version = getattr(request, self.version) if self.call.versioned else ""
+        metrics.done(self.call, getattr(request, self.name), version, ok, started)
+
+
 class Servicer:
     """Base of ovserve's servicers: the listener that registers one gives it its server's calls in
     flight (every service on one port drains together), its gate and its name.
@@ -100,8 +121,12 @@ class Servicer:
 
     access: ClassVar[Mapping[str, Access]] = {}
     default_access: ClassVar[Access] = INFERENCE
+    #: the methods whose requests the metrics count, by name
+    observed: ClassVar[Mapping[str, Observed]] = {}
 
     def __init__(self) -> None:
+        #: the process's metrics when they are on (a servicer takes its data plane's)
+        self.metrics: Metrics | None = None
         self.in_flight = InFlight()
         self.gate: Gate = OPEN_GATE
         self.listener = ""
@@ -127,17 +152,27 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """A unary-response method: behind the gate (tokens, access log), counted in flight, its errors
     mapped to a status."""
 
+    method = fn.__name__
+
     @functools.wraps(fn)
     async def call(self: Servicer, request: Any, context: Any) -> Any:
         await enter(self.in_flight, context)
+        metrics = self.metrics
+        observed = self.observed.get(method) if metrics is not None else None
+        started = time.perf_counter() if observed is not None else 0.0
+        ok = False
         try:
-            return await fn(self, request, context)
+            reply = await fn(self, request, context)
+            ok = True
+            return reply
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:
-            await _abort(context, exc, fn.__name__)
+            await _abort(context, exc, method)
         finally:
             self.in_flight.leave()
+            if observed is not None and metrics is not None:
+                observed.done(metrics, request, ok, started)
 
     return gated_unary(call)
 
@@ -146,18 +181,27 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
     """A response-streaming method (an async generator): behind the gate, the whole stream counts as one
     call in flight; an error that escapes it ends the stream with a status."""
 
+    method = fn.__name__
+
     @functools.wraps(fn)
     async def call(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
         await enter(self.in_flight, context)
+        metrics = self.metrics
+        observed = self.observed.get(method) if metrics is not None else None
+        started = time.perf_counter() if observed is not None else 0.0
+        ok = False
         try:
             async for reply in fn(self, request, context):
                 yield reply
+            ok = True
         except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
             raise
         except Exception as exc:
-            await _abort(context, exc, fn.__name__)
+            await _abort(context, exc, method)
         finally:
             self.in_flight.leave()
+            if observed is not None and metrics is not None:
+                observed.done(metrics, request, ok, started)
 
     return gated_stream(call)
 

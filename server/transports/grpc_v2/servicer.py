@@ -7,6 +7,7 @@ keeps the stream open.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
@@ -15,7 +16,8 @@ from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
 from ...gate import MANAGEMENT, OPEN, Access
-from ..grpc.calls import Metadata, Servicer, bidi, enter, in_band, unary
+from ...metrics import registry as calls
+from ..grpc.calls import Metadata, Observed, Servicer, bidi, enter, in_band, unary
 from ..grpc.listener import Service
 from . import converters
 
@@ -29,9 +31,17 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     access: ClassVar[Mapping[str, Access]] = {"ServerLive": OPEN, "ServerReady": OPEN, "RepositoryIndex": MANAGEMENT,
                                                "RepositoryModelLoad": MANAGEMENT, "RepositoryModelUnload": MANAGEMENT}
 
+    # what OVMS's metrics count: each message of ModelStreamInfer counts as one ModelInfer
+    observed: ClassVar[Mapping[str, Observed]] = {
+        "ModelInfer": Observed(calls.GRPC_INFER),
+        "ModelMetadata": Observed(calls.GRPC_METADATA, "name", "version"),
+        "ModelReady": Observed(calls.GRPC_READY, "name", "version"),
+    }
+
     def __init__(self, dataplane: DataPlane) -> None:
         super().__init__()
         self.dp = dataplane
+        self.metrics = dataplane.metrics
 
     @unary
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -70,11 +80,20 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         await enter(self.in_flight, context)  # the whole stream counts as one call in flight
         pending: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
 
+        metrics = self.metrics
+
         async def one(msg: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+            started = time.perf_counter() if metrics is not None else 0.0
+            ok = False
             try:
-                return pb.ModelStreamInferResponse(infer_response=await self._infer(msg, context))
+                reply = pb.ModelStreamInferResponse(infer_response=await self._infer(msg, context))
+                ok = True
+                return reply
             except Exception as exc:
                 return pb.ModelStreamInferResponse(error_message=in_band(exc, "ModelStreamInfer"))
+            finally:
+                if metrics is not None:
+                    metrics.done(calls.GRPC_INFER, msg.model_name, msg.model_version, ok, started)
 
         async def reader() -> None:
             try:

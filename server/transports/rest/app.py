@@ -22,6 +22,7 @@ from ...gate import OPEN_GATE, Gate
 from . import v1, v2
 from .gate import GateMiddleware
 from .http import error_response
+from .observed import counted_routes
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, gate: Gate = OPEN_G
     it has something to do."""
     gated = [] if gate.idle else [Middleware(GateMiddleware, gate=gate, listener=listener)]
     app = Starlette(
-        routes=v2.routes() + v1.routes(),
+        routes=counted_routes(v2.routes() + v1.routes(), dataplane.metrics),  # metrics: server/metrics
         middleware=[*gated, Middleware(LastResort)],
         exception_handlers={
             ServerError: _on_server_error,

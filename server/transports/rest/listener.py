@@ -88,6 +88,10 @@ class RestListener:
     async def serving(self) -> None:
         """REST has no health state of its own: /v2/health/ready asks the data plane."""
 
+    def requests_in_flight(self) -> int:
+        """Requests being served now (ovserve_requests_in_flight): uvicorn's request tasks."""
+        return len(self._server.server_state.tasks) if self._server is not None else 0
+
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight requests finish within ``grace`` seconds."""
         if self._server is not None:

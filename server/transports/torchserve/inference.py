@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
@@ -23,7 +24,9 @@ from ovserve.common.proto.torchserve import inference_pb2_grpc as pb_grpc
 from ...dataplane import DataPlane
 from ...errors import ServerError
 from ...gate import OPEN, Access
-from ..grpc.calls import Metadata, Servicer, bidi, enter, in_band, status_of, streaming, unary
+from ...metrics import Metrics
+from ...metrics import registry as calls
+from ..grpc.calls import Metadata, Observed, Servicer, bidi, enter, in_band, status_of, streaming, unary
 from ..grpc.listener import Service
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
@@ -32,10 +35,14 @@ _DONE = object()
 
 class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
     access: ClassVar[Mapping[str, Access]] = {"Ping": OPEN}  # kubelet probes carry no token
+    # in the metrics, api "TorchServe" (each message of StreamPredictions2 counts once)
+    observed: ClassVar[Mapping[str, Observed]] = {"Predictions": Observed(calls.TS_PREDICTIONS),
+                                                  "StreamPredictions": Observed(calls.TS_STREAM)}
 
     def __init__(self, dataplane: DataPlane) -> None:
         super().__init__()
         self.dp = dataplane
+        self.metrics = dataplane.metrics
 
     @unary
     async def Ping(self, request: Any, context: Any) -> pb.TorchServeHealthResponse:
@@ -76,6 +83,8 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
                 call = asyncio.ensure_future(self.dp.predict(msg.model_name, msg.model_version, msg.input,
                                                              Metadata(context), seq or "", queue.put_nowait))
                 call.add_done_callback(_closer(queue))
+                if self.metrics is not None:
+                    call.add_done_callback(_counted(self.metrics, msg, time.perf_counter()))
                 try:
                     while (chunk := await queue.get()) is not _DONE:
                         yield pb.PredictionResponse(prediction=chunk, sequence_id=seq)
@@ -89,6 +98,14 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
                     call.cancel()
         finally:
             self.in_flight.leave()
+
+
+def _counted(metrics: Metrics, msg: pb.PredictionsRequest, started: float) -> Any:
+    """A done-callback that counts one message of StreamPredictions2 in the metrics."""
+    def done(call: asyncio.Future[bytes]) -> None:
+        ok = not call.cancelled() and call.exception() is None
+        metrics.done(calls.TS_STREAM2, msg.model_name, msg.model_version, ok, started)
+    return done
 
 
 def _closer(queue: asyncio.Queue[Any]) -> Any:

@@ -1,0 +1,63 @@
+"""Metrics for ``ovserve serve``: what the flags and config.json's ``monitoring`` block turn on.
+
+OVMS reads ``monitoring.metrics`` (``enable``, ``metrics_list``, ``endpoint_path``) from its
+config.json at start; so does ovserve (a later edit of the block takes a restart, as in OVMS). A
+flag wins over the file.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import metrics as m
+from .app import Listener
+from .config import Settings
+from .dataplane import DataPlane
+from .metrics import registry
+from .repository.document import decode_config, load_document, read_config_file
+from .transports.rest.metrics import MetricsListener
+
+
+def _monitoring(settings: Settings) -> Any:
+    if settings.config is None:
+        return None
+    doc = load_document(decode_config(read_config_file(settings.config)))
+    return doc.get("monitoring") if isinstance(doc, dict) else None
+
+
+def metrics(settings: Settings) -> m.Metrics | None:
+    """The process's metrics, or None when they are off (InvalidInput for a setting that cannot be used)."""
+    config = m.configure(settings.metrics_enable, m.parse_list(settings.metrics_list), settings.metrics_port,
+                         _monitoring(settings))
+    if config is None:
+        return None
+    calls = list(registry.REST_CALLS)  # made at 0 for each model version, for the listeners this process has
+    if settings.grpc_port is not None:
+        calls += registry.GRPC_CALLS
+    if settings.ts_inference_port is not None:
+        calls += registry.TORCHSERVE_CALLS
+    made = m.Metrics(config.families, calls)
+    made.path, made.port = config.path, config.port
+    return made
+
+
+def add_listeners(listeners: list[tuple[Listener, int]], dataplane: DataPlane, settings: Settings) -> None:
+    """The metrics listener when the metrics have a port of their own, and every listener's requests in
+    flight (``ovserve_requests_in_flight``)."""
+    made = dataplane.metrics
+    assert made is not None
+    counters = [(listener.name, listener) for listener, _ in listeners]
+
+    def in_flight() -> list[tuple[tuple[str | None, ...], int]]:
+        return [((name, ), _in_flight(listener)) for name, listener in counters]
+
+    made.collect("ovserve_requests_in_flight", in_flight)
+    if made.port is not None:
+        listeners.append((MetricsListener(dataplane, made.path, settings.max_header_bytes), made.port))
+
+
+def _in_flight(listener: Any) -> int:
+    count = getattr(listener, "requests_in_flight", None)  # the REST listener
+    if count is not None:
+        return int(count())
+    calls = getattr(listener, "in_flight", None)  # a gRPC listener's calls in flight (every service on it)
+    return int(calls.count) if calls is not None else 0
