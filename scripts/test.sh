@@ -22,4 +22,8 @@ fi
 if ! bash scripts/tools.sh >/dev/null; then
     echo "test.sh: helm and kubectl could not be installed (reason above); the chart tests that need them will skip" >&2
 fi
+# Debian's prometheus and promtool (the metrics tests), unpacked from its package into ~/.cache/ovserve/prometheus.
+if ! bash scripts/prometheus.sh >/dev/null; then
+    echo "test.sh: prometheus could not be unpacked (reason above); the metrics tests that need it will skip" >&2
+fi
 exec .venv/bin/python -m pytest "$@"
