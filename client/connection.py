@@ -1,13 +1,24 @@
-"""What every protocol's connection to a predictor shares: its address, the retry backoff, its interface.
+"""What every protocol's connection to a predictor shares: its address, the retry backoff, its TLS, its
+interface.
 
 A module of its own so that the protocol modules (:mod:`.rest`, :mod:`.grpc_v2`)
 and :mod:`.predictor`, which picks one, import it and not each other.
 """
 from __future__ import annotations
 
+import logging
+import os
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
+
+log = logging.getLogger("ovserve")
 
 #: Seconds before retry i (the last value repeats).
 BACKOFF = (0.1, 0.3, 0.6)
@@ -38,6 +49,126 @@ def split_host(host: str, use_ssl: bool) -> tuple[str, int]:
 def host_port(address: str, port: int) -> str:
     """``address:port``, an IPv6 address in brackets: a gRPC target and a URL's authority."""
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+# -- TLS to the predictor ---------------------------------------------------------
+#: Seconds between two looks at the certificate files (before a call; never while idle).
+TLS_CHECK_INTERVAL = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TlsMaterial:
+    """One consistent reading of a :class:`PredictorTls`'s files: the bytes (gRPC's credentials) and the
+    client context made of them (aiohttp's). ``version`` counts the readings (1 is the first)."""
+
+    ca: bytes | None
+    cert: bytes | None
+    key: bytes | None
+    context: ssl.SSLContext
+    version: int
+
+
+class TlsFilesError(ValueError):
+    """TLS files to the predictor that cannot be used: missing, mismatched, encrypted, not PEM."""
+
+
+def _no_password(key: Path) -> Callable[[], str]:
+    def refuse() -> str:  # called by OpenSSL only for an encrypted key, instead of prompting on a terminal
+        raise TlsFilesError(f"the key {key} is encrypted: an unencrypted PEM key is read (as cert-manager writes it)")
+    return refuse
+
+
+class PredictorTls:
+    """TLS to a predictor: the CA bundle its certificate is verified against (None: the system's, which
+    ``SSL_CERT_FILE`` may name) and a client certificate with its key (mutual TLS), read now
+    (:class:`TlsFilesError` saying what is wrong) and again, for new connections, when the files change
+    (cert-manager rotates them in place; the connections open keep theirs). Changed files that do not
+    load are logged once and the previous material stays in use."""
+
+    def __init__(self, ca: str | os.PathLike[str] | None = None, cert: str | os.PathLike[str] | None = None,
+                 key: str | os.PathLike[str] | None = None, check_interval: float = TLS_CHECK_INTERVAL) -> None:
+        if (cert is None) != (key is None):
+            raise TlsFilesError("a client certificate needs its key, and a key its certificate")
+        self.ca, self.cert, self.key = (None if p is None else Path(p) for p in (ca, cert, key))
+        self.check_interval = check_interval
+        self._lock = threading.Lock()
+        self._stamp: object = self._stat()
+        self._material = self._load(1)
+        self._checked = time.monotonic()
+        self._failed: object = None
+
+    @property
+    def paths(self) -> list[Path]:
+        return [p for p in (self.ca, self.cert, self.key) if p is not None]
+
+    def _stat(self) -> tuple[tuple[int, int, int, int], ...]:
+        out = []
+        for path in self.paths:
+            try:
+                st = os.stat(path)  # follows links: a Secret volume's ..data swap changes what it points to
+            except OSError as exc:
+                raise TlsFilesError(f"cannot read {path}: {exc.strerror}") from None
+            out.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def _read(self) -> tuple[bytes | None, ...]:
+        try:
+            return tuple(None if p is None else p.read_bytes() for p in (self.ca, self.cert, self.key))
+        except OSError as exc:
+            raise TlsFilesError(f"cannot read {exc.filename}: {exc.strerror}") from None
+
+    def _load(self, version: int) -> TlsMaterial:
+        """The files' material; the bytes read before and after the context is made must agree, so that
+        both forms are one version of the files even while a writer replaces them."""
+        before = self._read()
+        try:
+            ctx = ssl.create_default_context(cafile=None if self.ca is None else str(self.ca))
+            if self.cert is not None and self.key is not None:
+                ctx.load_cert_chain(self.cert, self.key, password=_no_password(self.key))
+        except ssl.SSLError as exc:
+            reason = exc.reason or str(exc)
+            if reason == "KEY_VALUES_MISMATCH":
+                raise TlsFilesError(f"the key {self.key} is not the key of the certificate {self.cert}") from None
+            raise TlsFilesError(f"{', '.join(map(str, self.paths))}: not usable PEM ({reason})") from None
+        except OSError as exc:
+            raise TlsFilesError(f"cannot read {exc.filename or self.paths[0]}: {exc.strerror}") from None
+        if self._read() != before:
+            raise TlsFilesError("the files changed while they were read")
+        ca, cert, key = before
+        return TlsMaterial(ca, cert, key, ctx, version)
+
+    def current(self) -> TlsMaterial:
+        """The material for a new connection, the files looked at again when :attr:`check_interval` has passed.
+        Never raises."""
+        now = time.monotonic()
+        if now - self._checked < self.check_interval:
+            return self._material
+        with self._lock:
+            if now - self._checked < self.check_interval:
+                return self._material
+            self._checked = now
+            try:
+                stamp: object = self._stat()
+            except ValueError as exc:
+                self._failed_once("missing", exc)  # while a file is missing: the previous material
+                return self._material
+            if stamp in (self._stamp, self._failed):
+                return self._material
+            try:
+                material = self._load(self._material.version + 1)
+            except ValueError as exc:
+                self._failed_once(stamp, exc)
+                return self._material
+            self._stamp, self._material, self._failed = stamp, material, None
+        log.info("predictor TLS: %s read again (version %d) for new connections",
+                 ", ".join(map(str, self.paths)), material.version)
+        return material
+
+    def _failed_once(self, stamp: object, exc: ValueError) -> None:
+        """Log a change that does not load once, not on every call."""
+        if stamp != self._failed:
+            self._failed = stamp
+            log.warning("predictor TLS: %s; new connections keep the previous certificate", exc)
 
 
 class Connection(Protocol):

@@ -23,7 +23,7 @@ from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_t
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 
-from .connection import backoff
+from .connection import PredictorTls, TlsMaterial, backoff
 from .errors import PredictorTimeout, PredictorUnavailable, error_from_grpc
 
 #: Reconnect quickly once the predictor is back (gRPC's default backoff grows to 120 s).
@@ -143,18 +143,43 @@ class GrpcPredictor:
     """One predictor over KServe V2 gRPC; retries only while the channel cannot reach it."""
 
     def __init__(self, target: str, use_ssl: bool, timeout: float, retries: int = 2,
-                 token: TokenFile | None = None) -> None:
+                 token: TokenFile | None = None, tls: PredictorTls | None = None) -> None:
         self.target = target
         self.token = token  # sent as a bearer token, the file's current first line each call
         self.timeout = timeout
         self.retries = retries
-        if use_ssl:
+        self.tls = tls
+        self._version = 0  # the TLS material the channel was made with
+        self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}  # channels of older material
+        if tls is not None:
+            self.channel = self._secure_channel(tls.current())
+        elif use_ssl:
             self.channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=CHANNEL_OPTIONS)
         else:
             self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
 
+    def _secure_channel(self, material: TlsMaterial) -> grpc.aio.Channel:
+        self._version = material.version
+        credentials = grpc.ssl_channel_credentials(material.ca, material.key, material.cert)
+        return grpc.aio.secure_channel(self.target, credentials, options=CHANNEL_OPTIONS)
+
+    def _rotate(self) -> None:
+        """A channel's credentials are fixed: once the files have changed, calls go on a new channel, and
+        the old one closes when the calls on it have finished (within the call timeout)."""
+        assert self.tls is not None
+        material = self.tls.current()
+        if material.version == self._version:
+            return
+        old, self.channel = self.channel, self._secure_channel(material)
+        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+        task = asyncio.get_running_loop().create_task(old.close(grace=self.timeout))
+        self._closing[task] = old
+        task.add_done_callback(lambda done: self._closing.pop(done, None))
+
     async def _call(self, method: str, msg: Any, timeout: float | None = None) -> Any:
+        if self.tls is not None:
+            self._rotate()
         rpc = getattr(self.stub, method)
         metadata = None if self.token is None else (("authorization", f"Bearer {self.token.first()}"),)
         attempt = 0
@@ -197,6 +222,9 @@ class GrpcPredictor:
         return response_from_pb(await self._call("ModelInfer", request_to_pb(request, model)))
 
     async def close(self) -> None:
+        for task, old in list(self._closing.items()):  # the client is closing: no more grace for old channels
+            task.cancel()
+            await old.close()
         await self.channel.close()
 
 

@@ -17,6 +17,10 @@ TLS).
   status / gRPC code the predictor gave (:mod:`.errors`, subclasses of the one
   hierarchy of :mod:`ovserve.common.errors`).
 - A call slower than ``timeout`` seconds is :class:`PredictorTimeout` (504).
+- TLS: ``use_ssl`` verifies the predictor against the system's CAs; ``ca`` (the
+  predictor's CA bundle), ``cert`` and ``key`` (a client certificate: mutual TLS)
+  imply TLS and are read again, for new connections, when the files change
+  (:class:`~.connection.PredictorTls`).
 - ``token_file``: a predictor that wants a bearer token (``--auth-token-file``) gets the file's first
   token with every call (:mod:`ovserve.common.tokens`: re-read when the file changes; a file unusable
   at construction is a :class:`~ovserve.common.tokens.TokenFileError`, a ValueError).
@@ -27,13 +31,14 @@ model name.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ovserve.common.errors import ServerError, Unsupported
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
-from .connection import Connection, host_port, split_host
+from .connection import Connection, PredictorTls, host_port, split_host
 from .rest import RestPredictor
 
 PROTOCOLS = ("v1", "v2", "grpc-v2")
@@ -45,12 +50,17 @@ class PredictorClient:
     """Calls one predictor; safe to share across concurrent requests (pooled)."""
 
     def __init__(self, host: str, protocol: str = "v2", *, use_ssl: bool = False, timeout: float = 60,
-                 retries: int = 2, model_name: str | None = None, token_file: str | None = None) -> None:
+                 retries: int = 2, model_name: str | None = None, token_file: str | None = None,
+                 ca: str | os.PathLike[str] | None = None, cert: str | os.PathLike[str] | None = None,
+                 key: str | os.PathLike[str] | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"predictor protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if not host:
             raise ValueError("predictor host is empty")
         self.protocol = protocol
+        # a CA or a client certificate means TLS (and port 443 when the host names none)
+        tls = PredictorTls(ca, cert, key) if (ca or cert or key) else None
+        use_ssl = use_ssl or tls is not None
         self.use_ssl = use_ssl
         self.timeout = float(timeout)
         self.retries = max(0, int(retries))
@@ -62,9 +72,10 @@ class PredictorClient:
         if protocol == "grpc-v2":
             from .grpc_v2 import GrpcPredictor  # loads the protobuf package: only for a gRPC predictor
 
-            self._conn = GrpcPredictor(self.target, use_ssl, self.timeout, self.retries, token=token)
+            self._conn = GrpcPredictor(self.target, use_ssl, self.timeout, self.retries, token=token, tls=tls)
         else:
-            self._conn = RestPredictor(self.target, protocol, use_ssl, self.timeout, self.retries, token=token)
+            self._conn = RestPredictor(self.target, protocol, use_ssl, self.timeout, self.retries, token=token,
+                                       tls=tls)
 
     def __repr__(self) -> str:
         return f"PredictorClient({self.target!r}, {self.protocol!r})"

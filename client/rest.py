@@ -19,7 +19,7 @@ import orjson
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
-from .connection import backoff
+from .connection import PredictorTls, backoff
 from .errors import PredictorInternal, PredictorTimeout, PredictorUnavailable, error_from_http, http_message
 from .exceptions import ConnectError, TimeoutException
 from .rest_wire import (
@@ -151,15 +151,19 @@ class RestPredictor:
     """
 
     def __init__(self, target: str, protocol: str, use_ssl: bool, timeout: float, retries: int,
-                 token: TokenFile | None = None) -> None:
+                 token: TokenFile | None = None, tls: PredictorTls | None = None) -> None:
         self.target = target
         self.token = token  # sent as a bearer token, the file's current first line each call
         self.protocol = protocol
-        self.use_ssl = use_ssl
+        self.use_ssl = use_ssl or tls is not None
         self.timeout = timeout
         self.retries = retries
-        self.base = f"{'https' if use_ssl else 'http'}://{target}"
-        self.http = HttpSession(self.base, timeout=timeout, retries=retries, ssl_context=use_ssl)
+        # with files, each request names the newest context: aiohttp pools connections by context, so a
+        # rotated certificate goes out on new connections while the open ones finish with theirs
+        self.tls = tls
+        self.base = f"{'https' if self.use_ssl else 'http'}://{target}"
+        self.http = HttpSession(self.base, timeout=timeout, retries=retries,
+                                ssl_context=tls.current().context if tls is not None else use_ssl)
         self._metadata: dict[str, ModelMetadata] = {}
 
     # -- transport with retries -------------------------------------------
@@ -167,6 +171,8 @@ class RestPredictor:
         """One request, retried only while the predictor cannot be reached."""
         if self.token is not None:
             kw["headers"] = {**(kw.get("headers") or {}), "Authorization": f"Bearer {self.token.first()}"}
+        if self.tls is not None:
+            kw["ssl"] = self.tls.current().context
         try:
             return await self.http.send(method, path, timeout=timeout, **kw)
         except TimeoutException:

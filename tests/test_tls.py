@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -32,20 +29,24 @@ from ovserve.server.config import TlsOverride, parse_tls_override
 from . import models
 from .client_proxies import Certs, make_certs, needs_openssl
 from .servers import EXACT, ServerProcess
+from .tls_tools import (
+    BODY,
+    HOST,
+    ROTATION,
+    SecretVolume,
+    X,
+    curl,
+    der,
+    expected,
+    infer_with_curl,
+    served_certificate,
+    tls_flags,
+    triton,
+    triton_infer,
+    wait_https,
+)
 
 pytestmark = [needs_openssl, pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")]
-
-HOST = "127.0.0.1"
-X = np.arange(16, dtype=np.float32).reshape(2, 8)
-BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
-#: seconds a rotated certificate may take to reach new connections (the server looks every second)
-ROTATION = 15
-
-
-def expected() -> np.ndarray:
-    w, b = models.matmul_weights()
-    return X @ w + b
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
@@ -63,69 +64,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tls-repo")
     models.save(models.matmul(), folder, "matmul")
     return folder
-
-
-def tls_flags(c: Certs, client_ca: bool = True, folder: Path | None = None) -> list[str]:
-    """--tls-* for set ``c`` (or, with ``folder``, for the files a Secret volume would hold there)."""
-    cert, key, ca = ((folder / "tls.crt", folder / "tls.key", folder / "ca.crt") if folder is not None
-                     else (c.server_cert, c.server_key, c.ca))
-    return ["--tls-cert", str(cert), "--tls-key", str(key), *(["--tls-client-ca", str(ca)] if client_ca else [])]
-
-
-def wait_https(proc: ServerProcess, c: Certs, timeout: float = 60) -> ServerProcess:
-    """Until GET /v2/health/ready answers 200 over TLS with ``c``'s client certificate."""
-    proc.wait_ports(timeout)
-
-    def ready() -> bool:
-        try:
-            return requests.get(f"https://{HOST}:{proc.rest_port}/v2/health/ready", verify=str(c.ca),
-                                cert=(str(c.client_cert), str(c.client_key)), timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
-
-    proc.wait_until(ready, "HTTPS ready", timeout)
-    return proc
-
-
-def curl(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """curl ``url``, printing the status last (``000`` when no HTTP answer came)."""
-    return subprocess.run(["curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}", *args, url],
-                          capture_output=True, text=True, timeout=60)
-
-
-def infer_with_curl(port: int, *args: str) -> subprocess.CompletedProcess[str]:
-    return curl(f"https://localhost:{port}/v2/models/matmul/infer", "-H", "Content-Type: application/json",
-                "-d", json.dumps(BODY), *args)
-
-
-def served_certificate(port: int, ca: Path | None = None, alpn: str = "http/1.1") -> bytes:
-    """The DER certificate a new TLS connection to ``port`` is given (verified against ``ca`` when given)."""
-    ctx = ssl.create_default_context(cafile=str(ca)) if ca is not None else ssl._create_unverified_context()
-    ctx.set_alpn_protocols([alpn])
-    with socket.create_connection((HOST, port), timeout=10) as raw, \
-            ctx.wrap_socket(raw, server_hostname="localhost") as conn:
-        der = conn.getpeercert(binary_form=True)
-    assert der is not None
-    return der
-
-
-def der(pem: Path) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(pem.read_text())
-
-
-def triton(port: int, c: Certs | None, client: Certs | None) -> tgrpc.InferenceServerClient:
-    """tritonclient's gRPC client over TLS trusting ``c``'s CA, with ``client``'s certificate if given."""
-    assert c is not None
-    kw = {"private_key": str(client.client_key), "certificate_chain": str(client.client_cert)} if client else {}
-    return tgrpc.InferenceServerClient(f"{HOST}:{port}", ssl=True, root_certificates=str(c.ca), **kw)
-
-
-def triton_infer(client: tgrpc.InferenceServerClient) -> np.ndarray:
-    tensor = tgrpc.InferInput("x", list(X.shape), "FP32")
-    tensor.set_data_from_numpy(X)
-    result = client.infer("matmul", [tensor], client_timeout=20).as_numpy("y")
-    assert result is not None
-    return result
 
 
 # -- one server: mTLS on REST, KServe gRPC and TorchServe's two listeners ----------------------------
@@ -323,28 +261,6 @@ def test_unusable_tls_files_cannot_start(repo: Path, certs: Certs, other: Certs,
 
 
 # -- rotation ------------------------------------------------------------------------------------------
-class SecretVolume:
-    """A folder laid out as kubelet lays out a Secret volume: ``tls.crt``, ``tls.key`` and ``ca.crt`` are
-    links through ``..data`` to a timestamped folder, and an update swaps ``..data`` in one rename."""
-
-    def __init__(self, folder: Path, c: Certs) -> None:
-        self.folder = folder
-        self.generation = 0
-        self.write(c)
-        for name in ("tls.crt", "tls.key", "ca.crt"):
-            (folder / name).symlink_to(Path("..data") / name)
-
-    def write(self, c: Certs) -> None:
-        self.generation += 1
-        data = self.folder / f"..2026_11_24_{self.generation:02d}"
-        data.mkdir()
-        for name, source in (("tls.crt", c.server_cert), ("tls.key", c.server_key), ("ca.crt", c.ca)):
-            shutil.copyfile(source, data / name)
-        link = self.folder / "..data_tmp"
-        link.symlink_to(data.name)
-        os.replace(link, self.folder / "..data")
-
-
 def test_a_rotated_certificate_reaches_new_connections_while_open_ones_keep_working(
         repo: Path, certs: Certs, other: Certs, tmp_path: Path) -> None:
     volume = SecretVolume(tmp_path, certs)

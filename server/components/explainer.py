@@ -411,6 +411,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     arg("predictor_token_file", default=None, metavar="FILE",
         help="bearer token sent to the predictor (its --auth-token-file): the file's first token, re-read when "
         "the file changes")
+    arg("predictor_ca", default=None, metavar="FILE",
+        help="TLS to the predictor, its certificate verified against this PEM CA bundle (default: the system's)")
+    arg("predictor_cert", default=None, metavar="FILE",
+        help="mutual TLS: the client certificate shown to the predictor (with --predictor_key); both are read "
+        "again when the files change")
+    arg("predictor_key", default=None, metavar="FILE", help="the client certificate's unencrypted PEM key")
     arg("enable_predictor_health_check", action="store_true",
         help="accepted for KServe manifests; the explainer is always ready only with the predictor")
     arg("explain_timeout_seconds", type=float, default=60.0, metavar="S",
@@ -435,7 +441,7 @@ def main(ns: argparse.Namespace) -> int:
     from ovserve.client.connection import split_host
 
     try:
-        split_host(ns.predictor_host, ns.predictor_use_ssl)
+        split_host(ns.predictor_host, ns.predictor_use_ssl or bool(ns.predictor_ca or ns.predictor_cert))
     except ValueError as exc:
         log.error("cannot start: --predictor_host %r: %s", ns.predictor_host, exc)
         return 2
@@ -445,6 +451,7 @@ def main(ns: argparse.Namespace) -> int:
 def build(ns: argparse.Namespace) -> Any:
     """The explainer's Server: its data plane over a predictor client (made on the running loop:
     a gRPC channel belongs to one), and its listeners."""
+    from ovserve.client.connection import TlsFilesError
     from ovserve.client.predictor import PredictorClient
     from ovserve.common.tokens import TokenFileError
 
@@ -464,9 +471,12 @@ def build(ns: argparse.Namespace) -> Any:
     try:
         client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
                                  timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries,
-                                 token_file=ns.predictor_token_file)
+                                 token_file=ns.predictor_token_file, ca=ns.predictor_ca, cert=ns.predictor_cert,
+                                 key=ns.predictor_key)
     except TokenFileError as exc:
         raise InvalidInput(f"--predictor_token_file: {exc}") from None
+    except TlsFilesError as exc:
+        raise InvalidInput(f"--predictor_ca/--predictor_cert/--predictor_key: {exc}") from None
     except ValueError as exc:
         raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
     explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,

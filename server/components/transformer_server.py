@@ -58,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     _flag(p, "--predictor_token_file", default=None, metavar="FILE",
           help="bearer token sent to the predictor (its --auth-token-file): the file's first token, re-read "
           "when the file changes")
+    _flag(p, "--predictor_ca", default=None, metavar="FILE",
+          help="TLS to the predictor, its certificate verified against this PEM CA bundle (default: the system's)")
+    _flag(p, "--predictor_cert", default=None, metavar="FILE",
+          help="mutual TLS: the client certificate shown to the predictor (with --predictor_key); both are "
+          "read again when the files change")
+    _flag(p, "--predictor_key", default=None, metavar="FILE", help="the client certificate's unencrypted PEM key")
     _flag(p, "--enable_predictor_health_check", action="store_true",
           help="ready only while the predictor's model is ready")
     add_process_flags(p, DEFAULTS, kserve=True)
@@ -66,6 +72,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     """The transformer's Server: its data plane over the predictor client, and its listeners."""
+    from ovserve.client.connection import TlsFilesError
     from ovserve.client.predictor import PredictorClient
     from ovserve.common.tokens import TokenFileError
 
@@ -86,9 +93,12 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     try:
         client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
                                  timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries,
-                                 model_name=ns.model_name, token_file=ns.predictor_token_file)
+                                 model_name=ns.model_name, token_file=ns.predictor_token_file,
+                                 ca=ns.predictor_ca, cert=ns.predictor_cert, key=ns.predictor_key)
     except TokenFileError as exc:
         raise InvalidInput(f"--predictor_token_file: {exc}") from None
+    except TlsFilesError as exc:
+        raise InvalidInput(f"--predictor_ca/--predictor_cert/--predictor_key: {exc}") from None
     except ValueError as exc:
         raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
     dp = TransformerDataPlane(ns.model_name, handler, client, health_check=ns.enable_predictor_health_check)
