@@ -9,12 +9,14 @@ import contextlib
 import copy
 import datetime
 import logging
+import time
 from typing import Any
 
 import kopf
 
 from . import manifests, status, validation
 from . import names as n
+from .metrics import METRICS
 from .apply import ApiError, Cluster
 from .config import Config
 
@@ -69,6 +71,31 @@ def sync_status(cluster: Cluster, namespace: str, name: str, generation: int | N
 
 
 def reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
+    """Make the cluster match ``isvc``, counted and timed (``ovserve_operator_reconciles_total``)."""
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        _reconcile(isvc, cluster, config)
+        outcome = "ok"
+    except kopf.TemporaryError:
+        outcome = "retry"
+        raise
+    except _Refused as exc:
+        outcome = exc.outcome
+        raise exc.error from None
+    finally:
+        METRICS.reconciled(outcome, time.perf_counter() - started)
+
+
+class _Refused(Exception):
+    """A PermanentError and how the reconcile ended (a spec that cannot be served, or refused by the API)."""
+
+    def __init__(self, outcome: str, error: kopf.PermanentError) -> None:
+        super().__init__(str(error))
+        self.outcome, self.error = outcome, error
+
+
+def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
     meta = isvc["metadata"]
     generation = meta.get("generation")
     try:
@@ -77,13 +104,13 @@ def reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
         sync_status(cluster, meta["namespace"], meta["name"], generation)
     except validation.Invalid as exc:
         sync_status(cluster, meta["namespace"], meta["name"], generation)
-        raise kopf.PermanentError(str(exc)) from None
+        raise _Refused("invalid", kopf.PermanentError(str(exc))) from None
     except ApiError as exc:
         if not exc.permanent:
             raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=10) from None
         failure = {"type": "Ready", "status": "False", "reason": status.APPLY_FAILED, "message": exc.message}
         sync_status(cluster, meta["namespace"], meta["name"], generation, failure)
-        raise kopf.PermanentError(f"the API server refused a child: {exc}") from None
+        raise _Refused("failed", kopf.PermanentError(f"the API server refused a child: {exc}")) from None
 
 
 @kopf.on.resume(*ISVC)

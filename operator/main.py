@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-host", default=_env("HEALTH_HOST", "0.0.0.0"), help="liveness endpoint address")
     p.add_argument("--health-port", type=int, default=int(_env("HEALTH_PORT", "8080")),
                    help="liveness endpoint port (GET /healthz)")
+    p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "0")),
+                   help="serve the operator's reconcile counts and durations at http://HEALTH_HOST:PORT/metrics "
+                        "(Prometheus text); 0: off")
     p.add_argument("--peering", default=_env("PEERING", ""), metavar="NAME",
                    help="kopf peering object for running several replicas (one is active); default: none")
     p.add_argument("--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "60")), metavar="S",
@@ -72,10 +75,11 @@ def ride_out_outages(settings: kopf.OperatorSettings) -> None:
 async def _run(args: argparse.Namespace, memo: kopf.Memo, namespaces: list[str]) -> None:
     import kopf
 
-    from . import resync
+    from . import metrics, resync
 
     settings = kopf.OperatorSettings()
     ride_out_outages(settings)
+    exposition = await metrics.serve(args.health_host, args.metrics_port) if args.metrics_port else None
     loop = asyncio.create_task(resync.forever(memo.cluster, memo.config, memo.known, args.resync_seconds)) \
         if args.resync_seconds > 0 else None
     try:
@@ -88,6 +92,8 @@ async def _run(args: argparse.Namespace, memo: kopf.Memo, namespaces: list[str])
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
+        if exposition is not None:
+            await exposition.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,8 +46,9 @@ def deployment(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, A
     labels = n.child_labels(name, component)
     user_labels = dict(spec.get("labels") or {})
     template = {"metadata": {"labels": {**user_labels, **labels}}, "spec": pods.pod_spec(isvc, component, cfg)}
-    if spec.get("annotations"):
-        template["metadata"]["annotations"] = dict(spec["annotations"])
+    annotations = {**pods.scrape_annotations(isvc, component), **(spec.get("annotations") or {})}  # the spec's win
+    if annotations:
+        template["metadata"]["annotations"] = annotations
     body: dict[str, Any] = {"selector": {"matchLabels": n.selector_labels(name, component)}, "template": template}
     if not autoscaled(spec):  # with an HPA, the HPA owns spec.replicas
         body = {"replicas": replicas(spec)[0], **body}
@@ -70,8 +71,11 @@ def _service_ports(ports: dict[str, int]) -> list[dict[str, Any]]:
 def service(isvc: dict[str, Any], component: str) -> dict[str, Any]:
     name = isvc["metadata"]["name"]
     ports = pods.serving_ports(isvc["spec"][component], component)
+    labels = n.child_labels(name, component)
+    if component == "predictor" and pods.metrics_port(isvc) is not None:
+        labels[n.METRICS_LABEL] = "true"  # selected by the chart's ServiceMonitor
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _metadata(isvc, n.child_name(name, component), n.child_labels(name, component)),
+            "metadata": _metadata(isvc, n.child_name(name, component), labels),
             "spec": {"selector": n.selector_labels(name, component), "ports": _service_ports(ports)}}
 
 

@@ -20,6 +20,12 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGER = "ovserve-operator"
 
 CONTAINER_NAME = "kserve-container"
+
+#: KServe's switch for Prometheus scraping, an annotation on the InferenceService (its value "true")
+SCRAPE_ANNOTATION = "serving.kserve.io/enable-prometheus-scraping"
+#: on a predictor Service whose server serves metrics: what the chart's ServiceMonitor selects
+METRICS_LABEL = "ovserve.io/metrics"
+METRICS_PATH = "/metrics"
 MODEL_MOUNT = "/mnt/models"
 
 

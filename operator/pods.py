@@ -80,6 +80,50 @@ def _storage(uri: str, cfg: Config) -> tuple[str, list[dict[str, Any]], list[dic
     return n.MODEL_MOUNT, server_mounts, [init], volumes
 
 
+_TRUE = {"1", "true", "yes", "y", "on", "t"}
+
+
+def _flag(args: list[str], *spellings: str) -> str | None:
+    """The value of the last of ``spellings`` in ``args`` (``--f v`` or ``--f=v``; "" when it has none), or None."""
+    found: str | None = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in spellings:
+            following = args[i + 1] if i + 1 < len(args) else ""
+            found = value if eq else ("" if following.startswith("-") else following)
+    return found
+
+
+def metrics_port(isvc: dict[str, Any]) -> int | None:
+    """The port an ovserve predictor serves Prometheus metrics on, None when they are off.
+
+    On when the InferenceService carries KServe's ``serving.kserve.io/enable-prometheus-scraping: "true"``
+    (the operator then passes ``--metrics-enable``), or when the predictor's args turn them on themselves
+    (``--metrics-enable``, alone or true); on the REST port unless the args give ``--metrics-port``.
+    """
+    spec = isvc["spec"]["predictor"]
+    if not is_ovserve(spec):
+        return None
+    args = [str(a) for a in spec["model"].get("args") or []]
+    annotated = str((isvc["metadata"].get("annotations") or {}).get(n.SCRAPE_ANNOTATION, "")).lower() == "true"
+    given = _flag(args, "--metrics-enable", "--metrics_enable")
+    if not annotated and (given is None or (given and given.lower() not in _TRUE)):
+        return None
+    port = _flag(args, "--metrics-port")
+    return int(port) if port and port.isdigit() else serving_ports(spec, "predictor")["rest"]
+
+
+def scrape_annotations(isvc: dict[str, Any], component: str) -> dict[str, str]:
+    """A predictor pod's scrape annotations when its server serves metrics: KServe's
+    (``prometheus.kserve.io/port`` and ``/path``, which KServe's runtimes carry) and the common
+    ``prometheus.io/*`` that Prometheus's kubernetes-pods job reads."""
+    port = metrics_port(isvc) if component == "predictor" else None
+    if port is None:
+        return {}
+    return {"prometheus.kserve.io/port": str(port), "prometheus.kserve.io/path": n.METRICS_PATH,
+            "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": n.METRICS_PATH}
+
+
 def ovserve_container(isvc: dict[str, Any],
                       cfg: Config) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The ovserve server container of a ``model`` predictor, its init containers and volumes."""
@@ -91,6 +135,9 @@ def ovserve_container(isvc: dict[str, Any],
         # an optional listener (TorchServe's) is off in the server without its flag: always passed
         if port != n.LISTENERS[name].default or n.LISTENERS[name].protocol:
             args += [n.LISTENERS[name].flag, str(port)]
+    user_args = [str(a) for a in model.get("args") or []]
+    if metrics_port(isvc) is not None and _flag(user_args, "--metrics-enable", "--metrics_enable") is None:
+        args.append("--metrics-enable")  # KServe's scraping annotation asked for them
     container: dict[str, Any] = {
         "name": model.get("name") or n.CONTAINER_NAME, "image": model.get("image") or cfg.image,
         "command": ["ovserve"], "args": args + list(model.get("args") or []),

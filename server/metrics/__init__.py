@@ -1,7 +1,7 @@
 """Prometheus metrics, through one place for every transport (docs/operations.md "Metrics").
 
-- :mod:`.exposition`: the text format, written by ovserve (integer bucket bounds, no ``_total``
-  added to OVMS's counters);
+- ``ovserve.common.exposition``: the text format, written by ovserve (integer bucket bounds, no
+  ``_total`` added to OVMS's counters; the operator writes its own metrics with it too);
 - :mod:`.families`: OVMS's families exactly, and ovserve's own;
 - :mod:`.registry`: the process's :class:`Metrics`, each model version's series, the hooks.
 
@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ovserve.common.exposition import CONTENT_TYPE
+
 from ..errors import InvalidInput
-from .exposition import CONTENT_TYPE
 from .families import DEFAULT, parse_list, select
 from .registry import Call, Metrics, VersionSeries
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .exposition import OVMS_BOUNDS_US, Family, Number
+from ovserve.common.exposition import Family, Number
+
+#: OVMS's bucket bounds (src/model_metric_reporter.cpp): floor(10 * 1.8^i) microseconds, i < 33,
+#: from 10 us to ~24.6 minutes, printed as integers.
+OVMS_BOUNDS_US: tuple[int, ...] = tuple(int(10 * 1.8 ** i) for i in range(33))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .exposition import Counter, Family, Histogram, Key, Number, render
+from ovserve.common.exposition import Counter, Family, Histogram, Key, Number, render
+
 from .families import BY_NAME, DEFAULT, SPECS
 
 
@@ -109,6 +110,12 @@ class VersionSeries:
         h = self.handler
         if h is not None:
             h.observe(seconds)
+
+    def shed_request(self) -> None:
+        """A request refused at once because the model's queue was full (ovserve_requests_shed_total)."""
+        c = self.shed
+        if c is not None:
+            c.value += 1
 
 
 def _histogram(m: Metrics, family: str, key: Key) -> Histogram | None:

@@ -1,8 +1,10 @@
-"""Prometheus's text exposition format (0.0.4), written by ovserve itself.
+"""Prometheus's text exposition format (0.0.4), written by ovserve itself: the server's metrics
+(``ovserve.server.metrics``) and the operator's (``ovserve.operator.metrics``) both write it here.
 
 Not ``prometheus_client``: it prints counters with ``_total`` and ``_created`` series and
 bucket bounds as floats (``le="67466.0"``), and OVMS's Grafana dashboard selects
-``ovms_requests_success`` and ``le="67466"`` by those exact names and strings.
+``ovms_requests_success`` and ``le="67466"`` by those exact names and strings. Pure Python: the
+operator's image has neither numpy nor the server's dependencies.
 
 Everything here runs on the event loop (the hooks and the scrape alike), so a series is a
 plain object with a number in it: an increment is one attribute update, an observation one
@@ -13,10 +15,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-
-#: OVMS's bucket bounds (src/model_metric_reporter.cpp): floor(10 * 1.8^i) microseconds, i < 33,
-#: from 10 us to ~24.6 minutes, printed as integers.
-OVMS_BOUNDS_US: tuple[int, ...] = tuple(int(10 * 1.8 ** i) for i in range(33))
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
