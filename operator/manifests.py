@@ -10,7 +10,7 @@ import copy
 from typing import Any
 
 from . import names as n
-from . import pods
+from . import pods, tls
 from .config import Config
 
 
@@ -57,13 +57,17 @@ def deployment(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, A
             "spec": body}
 
 
-def _service_ports(ports: dict[str, int]) -> list[dict[str, Any]]:
+def _service_ports(isvc: dict[str, Any], ports: dict[str, int]) -> list[dict[str, Any]]:
+    secure = tls.requested(isvc) is not None
     out = []
     for name, port in ports.items():
         listener = n.LISTENERS[name]
-        entry = {"name": listener.port_name, "protocol": "TCP", "port": listener.service_port, "targetPort": port}
+        entry: dict[str, Any] = {"name": listener.port_name, "protocol": "TCP", "port": listener.service_port,
+                                 "targetPort": port}
         if listener.app_protocol:  # gRPC is marked h2c: HTTP/2 without TLS
             entry["appProtocol"] = listener.app_protocol
+        if secure:  # REST at 443 as https, gRPC as h2 (operator/tls.py)
+            entry = tls.service_port(entry, grpc=listener.app_protocol is not None)
         out.append(entry)
     return out
 
@@ -76,7 +80,7 @@ def service(isvc: dict[str, Any], component: str) -> dict[str, Any]:
         labels[n.METRICS_LABEL] = "true"  # selected by the chart's ServiceMonitor
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _metadata(isvc, n.child_name(name, component), labels),
-            "spec": {"selector": n.selector_labels(name, component), "ports": _service_ports(ports)}}
+            "spec": {"selector": n.selector_labels(name, component), "ports": _service_ports(isvc, ports)}}
 
 
 def entry_service(isvc: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +90,7 @@ def entry_service(isvc: dict[str, Any]) -> dict[str, Any]:
     ports = pods.serving_ports(isvc["spec"][target], target)
     labels = {n.ISVC_LABEL: name, n.MANAGED_BY_LABEL: n.MANAGER}
     return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(isvc, name, labels),
-            "spec": {"selector": n.selector_labels(name, target), "ports": _service_ports(ports)}}
+            "spec": {"selector": n.selector_labels(name, target), "ports": _service_ports(isvc, ports)}}
 
 
 def hpa(isvc: dict[str, Any], component: str, api_version: str = "autoscaling/v2") -> dict[str, Any] | None:

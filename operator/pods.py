@@ -6,6 +6,7 @@ import posixpath
 from typing import Any
 
 from . import names as n
+from . import tls
 from .config import Config
 from .storage_uri import plan
 
@@ -199,4 +200,8 @@ def pod_spec(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, Any
     for key in POD_FIELDS:
         if spec.get(key):
             pod[key] = copy.deepcopy(spec[key])
+    secure = tls.requested(isvc)
+    if secure is not None:  # serving.ovserve.io/tls-secret: every component's main container (operator/tls.py)
+        tls.secure_pod(pod, secure, component, component == "predictor" and is_ovserve(spec),
+                       serving_ports(spec, component)["rest"])
     return pod

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from . import names as n
-from . import pods
+from . import pods, tls
 from .storage_uri import BadStorageUri, plan
 
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -24,7 +24,7 @@ MODEL_FORMATS = ("openvino", "onnx")
 RUNTIMES = ("", "ovserve")
 FRAMEWORKS = ("sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx", "lightgbm", "paddle",
               "pmml", "huggingface")
-RESERVED_VOLUMES = (pods.MODELS_VOLUME, pods.PVC_VOLUME, pods.HOST_VOLUME)
+RESERVED_VOLUMES = (pods.MODELS_VOLUME, pods.PVC_VOLUME, pods.HOST_VOLUME, tls.VOLUME)
 INT32 = 2**31 - 1  # replicas and ports are int32 in the Deployment and Service they end up in
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 SCALE_METRICS = ("cpu", "memory")
@@ -58,6 +58,10 @@ def check(isvc: object) -> None:
     for key in ("alibi", "art"):
         if (spec.get("explainer") or {}).get(key):
             raise Invalid(f"spec.explainer.{key}", "built-in explainers are not supported; give containers")
+    try:
+        tls.requested(isvc)  # serving.ovserve.io/tls-secret and tls-client-auth
+    except tls.BadTlsAnnotation as exc:
+        raise Invalid(exc.field, exc.reason) from None
 
 
 # -- the types the builders rely on ---------------------------------------------------------

@@ -353,3 +353,26 @@ def test_listener_override_values(text: str, parsed: TlsOverride) -> None:
 def test_listener_override_refuses_what_it_cannot_read(text: str) -> None:
     with pytest.raises(ValueError):
         parse_tls_override(text)
+
+
+# -- the operator's probe for mutual TLS, run for real -------------------------------------------------
+@pytest.mark.parametrize("path", ["/v2/health/ready", "/v2/health/live"])
+def test_the_operators_mtls_exec_probe_passes_against_the_server_and_fails_untrusted(
+        mtls: ServerProcess, certs: Certs, other: Certs, tmp_path: Path, path: str) -> None:
+    """operator/tls.py's exec probe (what kubelet runs in an mTLS pod), with the Secret's files at a
+    folder of the test's: 0 against the server with the pod's own certificate, nonzero when ca.crt is
+    another CA's (the server is not verified)."""
+    from ovserve.operator import tls as operator_tls
+
+    probe = operator_tls.secure_probe({"httpGet": {"path": path, "port": "http"}, "periodSeconds": 5},
+                                      operator_tls.Tls("secret", mutual=True), mtls.rest_port)
+    for ca, ok in ((certs.ca, True), (other.ca, False)):
+        folder = tmp_path / ("good" if ok else "bad")
+        folder.mkdir()
+        for name, source in (("tls.crt", certs.server_cert), ("tls.key", certs.server_key), ("ca.crt", ca)):
+            shutil.copyfile(source, folder / name)
+        python, *rest = probe["exec"]["command"]
+        assert python == "python"
+        command = [sys.executable, *(part.replace(operator_tls.MOUNT, str(folder)) for part in rest)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert (done.returncode == 0) is ok, done.stderr

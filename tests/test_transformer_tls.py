@@ -295,3 +295,21 @@ def test_a_rotated_client_certificate_is_used_for_new_connections(
         assert rotated.stop() == 0
         assert kept.stop() == 0
         assert predictor.stop() == 0
+
+
+def test_transformer_takes_its_tls_from_the_environment_as_the_operator_passes_it(
+        predictor: ServerProcess, certs: Certs) -> None:
+    """operator/tls.py's mutual TLS: one Secret's tls.crt/tls.key serve the transformer's listeners and are
+    its client certificate to the predictor, ca.crt verifies both ways; all through OVSERVE_* variables."""
+    env = {"OVSERVE_TLS_CERT": str(certs.server_cert), "OVSERVE_TLS_KEY": str(certs.server_key),
+           "OVSERVE_TLS_CLIENT_CA": str(certs.ca), "OVSERVE_PREDICTOR_CA": str(certs.ca),
+           "OVSERVE_PREDICTOR_CERT": str(certs.server_cert), "OVSERVE_PREDICTOR_KEY": str(certs.server_key)}
+    proc = TransformerProcess("--model_name", "matmul", "--predictor_host", f"localhost:{predictor.rest_port}",
+                              "--enable_predictor_health_check", env=env)
+    try:
+        wait_https(proc, certs)
+        out = infer_with_curl(proc.rest_port, "--cacert", str(certs.ca), "--cert", str(certs.client_cert),
+                              "--key", str(certs.client_key))
+        assert out.stdout.endswith("200"), out
+    finally:
+        assert proc.stop() == 0

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..config import ProcessSettings
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
-from ..flags import add_process_flags, boolean, process_settings
+from ..flags import add_process_flags, boolean, env_default, process_settings
 from ..process import configure_logging, run_event_loop
 from ..types import (
     Explanation,
@@ -411,12 +411,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     arg("predictor_token_file", default=None, metavar="FILE",
         help="bearer token sent to the predictor (its --auth-token-file): the file's first token, re-read when "
         "the file changes")
-    arg("predictor_ca", default=None, metavar="FILE",
-        help="TLS to the predictor, its certificate verified against this PEM CA bundle (default: the system's)")
-    arg("predictor_cert", default=None, metavar="FILE",
+    # also from the environment: the operator's serving.ovserve.io/tls-secret passes them so (operator/tls.py)
+    arg("predictor_ca", default=env_default("predictor_ca", str, None), metavar="FILE",
+        help="TLS to the predictor, its certificate verified against this PEM CA bundle (default: the system's) "
+        "[env OVSERVE_PREDICTOR_CA]")
+    arg("predictor_cert", default=env_default("predictor_cert", str, None), metavar="FILE",
         help="mutual TLS: the client certificate shown to the predictor (with --predictor_key); both are read "
-        "again when the files change")
-    arg("predictor_key", default=None, metavar="FILE", help="the client certificate's unencrypted PEM key")
+        "again when the files change [env OVSERVE_PREDICTOR_CERT]")
+    arg("predictor_key", default=env_default("predictor_key", str, None), metavar="FILE",
+        help="the client certificate's unencrypted PEM key [env OVSERVE_PREDICTOR_KEY]")
     arg("enable_predictor_health_check", action="store_true",
         help="accepted for KServe manifests; the explainer is always ready only with the predictor")
     arg("explain_timeout_seconds", type=float, default=60.0, metavar="S",

@@ -17,7 +17,7 @@ from ovserve.client.predictor import PROTOCOLS
 
 from ..config import ProcessSettings
 from ..errors import InvalidInput
-from ..flags import add_process_flags, boolean, process_settings
+from ..flags import add_process_flags, boolean, env_default, process_settings
 from ..process import configure_logging, run_event_loop
 from .transformer import HandlerLoadError, Transformer, load_handler
 
@@ -58,12 +58,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     _flag(p, "--predictor_token_file", default=None, metavar="FILE",
           help="bearer token sent to the predictor (its --auth-token-file): the file's first token, re-read "
           "when the file changes")
-    _flag(p, "--predictor_ca", default=None, metavar="FILE",
-          help="TLS to the predictor, its certificate verified against this PEM CA bundle (default: the system's)")
-    _flag(p, "--predictor_cert", default=None, metavar="FILE",
+    # also from the environment: the operator's serving.ovserve.io/tls-secret passes them so (operator/tls.py)
+    _flag(p, "--predictor_ca", default=env_default("predictor_ca", str, None), metavar="FILE",
+          help="TLS to the predictor, its certificate verified against this PEM CA bundle (default: the system's) "
+          "[env OVSERVE_PREDICTOR_CA]")
+    _flag(p, "--predictor_cert", default=env_default("predictor_cert", str, None), metavar="FILE",
           help="mutual TLS: the client certificate shown to the predictor (with --predictor_key); both are "
-          "read again when the files change")
-    _flag(p, "--predictor_key", default=None, metavar="FILE", help="the client certificate's unencrypted PEM key")
+          "read again when the files change [env OVSERVE_PREDICTOR_CERT]")
+    _flag(p, "--predictor_key", default=env_default("predictor_key", str, None), metavar="FILE",
+          help="the client certificate's unencrypted PEM key [env OVSERVE_PREDICTOR_KEY]")
     _flag(p, "--enable_predictor_health_check", action="store_true",
           help="ready only while the predictor's model is ready")
     add_process_flags(p, DEFAULTS, kserve=True)
