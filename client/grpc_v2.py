@@ -2,9 +2,11 @@
 
 The converters serve :class:`GrpcPredictor` (the transformer's and explainer's
 connection) and :class:`~.kserve_grpc.InferenceGRPCClient` with KServe's types
-(:mod:`.infer_type`). Imported only when a client uses gRPC, so that a process
-which never talks gRPC never loads ovserve's protobuf package (``inference``,
-the one copy in :mod:`ovserve.common.proto` that the server's servicer uses too).
+(:mod:`.infer_type`). The messages are the client's own (:mod:`.proto`: a
+descriptor pool apart from protobuf's default one, where the server's stubs,
+tritonclient's and kserve's define package ``inference``); the converters read
+any stub set's messages, field by field. Imported only when a client uses gRPC,
+so that a process which never talks gRPC never loads protobuf.
 """
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ import numpy as np
 
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.errors import InvalidInput
-from ovserve.common.proto import grpc_predict_v2_pb2 as pb
-from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 
 from .connection import PredictorTls, TlsMaterial, backoff
 from .errors import PredictorTimeout, PredictorUnavailable, error_from_grpc
+from .proto import is_message, stub
+from .proto import v2 as pb
+
+#: the service of KServe V2 gRPC (protobuf package ``inference``)
+SERVICE = "inference.GRPCInferenceService"
 
 #: Reconnect quickly once the predictor is back (gRPC's default backoff grows to 120 s).
 CHANNEL_OPTIONS = [
@@ -114,13 +119,12 @@ def response_from_pb(msg: pb.ModelInferResponse, what: str = "predictor output")
 
 
 def as_infer_request(message: Any) -> pb.ModelInferRequest | None:
-    """``message`` as this package's ModelInferRequest: itself, or a copy when it is another set of stubs'
-    ``inference.ModelInferRequest`` (the wire format is one); None for anything else."""
-    if isinstance(message, pb.ModelInferRequest):
-        return message
-    descriptor = getattr(message, "DESCRIPTOR", None)
-    if getattr(descriptor, "full_name", None) == "inference.ModelInferRequest":
-        return pb.ModelInferRequest.FromString(message.SerializeToString())
+    """``message`` if it is an ``inference.ModelInferRequest`` of any set of stubs (the client's own,
+    ovserve's server stubs, tritonclient's, kserve's), sent as it is: the wire format is one, and the
+    client's calls serialize a request with its own class; None for anything else."""
+    if is_message(message, "inference.ModelInferRequest"):
+        request: pb.ModelInferRequest = message
+        return request
     return None
 
 
@@ -157,7 +161,7 @@ class GrpcPredictor:
             self.channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=CHANNEL_OPTIONS)
         else:
             self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+        self.stub = stub(self.channel, SERVICE)
 
     def _secure_channel(self, material: TlsMaterial) -> grpc.aio.Channel:
         self._version = material.version
@@ -172,7 +176,7 @@ class GrpcPredictor:
         if material.version == self._version:
             return
         old, self.channel = self.channel, self._secure_channel(material)
-        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+        self.stub = stub(self.channel, SERVICE)
         task = asyncio.get_running_loop().create_task(old.close(grace=self.timeout))
         self._closing[task] = old
         task.add_done_callback(lambda done: self._closing.pop(done, None))

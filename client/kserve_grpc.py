@@ -1,4 +1,4 @@
-"""KServe's async gRPC client (``kserve.InferenceGRPCClient``), on ovserve's V2 stubs and codecs.
+"""KServe's async gRPC client (``kserve.InferenceGRPCClient``), on the client's V2 messages and ovserve's codecs.
 
 The constructor, its defaults and the four KServe methods are KServe's
 (``python/kserve/kserve/inference_client.py``): code written for KServe's client
@@ -7,7 +7,9 @@ runs by changing the import. Beyond KServe: :meth:`model_metadata`,
 ``ModelInferRequest`` (as KServe documents, though its code refuses one);
 ``headers`` may also be a dict; ``retries`` is checked against gRPC's limits;
 ``channel_args`` is copied, never changed in place. docs/client.md has the
-whole comparison.
+whole comparison. Its messages are the client's own (:mod:`.proto`), out of
+protobuf's default pool: it lives in one process with ``tritonclient.grpc``
+and ``kserve``, and takes their ``ModelInferRequest`` too.
 """
 from __future__ import annotations
 
@@ -19,12 +21,11 @@ from typing import Any
 
 import grpc
 
-from ovserve.common.proto import grpc_predict_v2_pb2 as pb
-from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-
 from .exceptions import InferenceError, InvalidInput
-from .grpc_v2 import as_infer_request, model_metadata_dict, server_metadata_dict
+from .grpc_v2 import SERVICE, as_infer_request, model_metadata_dict, server_metadata_dict
 from .infer_type import InferRequest, InferResponse
+from .proto import stub
+from .proto import v2 as pb
 from .timeouts import USE_CLIENT_DEFAULT, Timeout, resolve
 
 log = logging.getLogger("ovserve.client")
@@ -158,7 +159,7 @@ class InferenceGRPCClient:
             self._channel = grpc.aio.secure_channel(self._target, creds, options=options)
         else:
             self._channel = grpc.aio.insecure_channel(self._target, options=options)
-        self._client_stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
+        self._client_stub = stub(self._channel, SERVICE)
         self._verbose = verbose
         self._timeout = timeout
 
@@ -190,7 +191,8 @@ class InferenceGRPCClient:
     # -- KServe's methods ---------------------------------------------------
     async def infer(self, infer_request: InferRequest | pb.ModelInferRequest, timeout: Timeout = USE_CLIENT_DEFAULT,
                     headers: Headers = None) -> InferResponse:
-        """Run one inference. ``infer_request``: an :class:`InferRequest`, or a ``ModelInferRequest`` sent as it is.
+        """Run one inference. ``infer_request``: an :class:`InferRequest`, or a ``ModelInferRequest`` sent as it is
+        (of any stub set: the client's, ovserve's, tritonclient's, kserve's).
 
         :raises InvalidInput: the request is malformed (its data does not fit its shape or datatype).
         :raises grpc.RpcError: the server answered a status other than OK.

@@ -14,10 +14,11 @@ failed request inside StreamPredictions2 does not end the call: it arrives in th
 :class:`StreamPredictionError` value. Arguments the wire cannot carry raise ``ValueError`` or
 ``TypeError`` before anything is sent.
 
-The messages are ovserve's own generated stubs (:mod:`ovserve.common.proto.torchserve`), which register
-TorchServe's protobuf package in protobuf's default pool: a process that imports this module cannot
-also import stubs generated from TorchServe's own .proto files. This module is imported only when
-:class:`TorchServeGRPCClient` is first used (``ovserve.client`` loads it on demand).
+The messages are the client's own (:mod:`.proto`), built in a descriptor pool apart from protobuf's
+default one: a process may import this module beside stubs generated from TorchServe's own .proto files
+(which register TorchServe's packages in the default pool, as ovserve's server stubs do), and
+:meth:`TorchServeGRPCClient.stream_predictions2` takes their ``PredictionsRequest`` too. This module is
+imported only when :class:`TorchServeGRPCClient` is first used (``ovserve.client`` loads it on demand).
 """
 from __future__ import annotations
 
@@ -27,21 +28,24 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Seq
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import grpc
-from google.protobuf import empty_pb2
-
-from ovserve.common.proto.torchserve import inference_pb2 as ipb
-from ovserve.common.proto.torchserve import inference_pb2_grpc as ipb_grpc
-from ovserve.common.proto.torchserve import management_pb2 as mpb
-from ovserve.common.proto.torchserve import management_pb2_grpc as mpb_grpc
 
 from .connection import host_port, split_host
+from .proto import empty, is_message, stub
+from .proto import ts_inference as ipb
+from .proto import ts_management as mpb
 from .timeouts import USE_CLIENT_DEFAULT, Timeout, resolve
 
 __all__ = ["TorchServeGRPCClient", "PredictionsRequest", "StreamPredictionError", "USE_CLIENT_DEFAULT"]
 
+
+#: TorchServe's two services (their full names in protobuf)
+SERVICES: Final = {"inference": "org.pytorch.serve.grpc.inference.InferenceAPIsService",
+                   "management": "org.pytorch.serve.grpc.management.ManagementAPIsService"}
+#: a StreamPredictions2 request of any stub set (the client's, ovserve's server stubs, a TorchServe user's)
+PREDICTIONS_REQUEST: Final = "org.pytorch.serve.grpc.inference.PredictionsRequest"
 
 #: Call metadata: a mapping or (key, value) pairs; keys are sent lower-cased, as gRPC requires.
 Headers = Mapping[str, str] | Sequence[tuple[str, str]]
@@ -126,9 +130,9 @@ def _request(model_name: str, values: Mapping[str, bytes | str], model_version: 
     return msg
 
 
-def _to_pb(item: PredictionsRequest | ipb.PredictionsRequest) -> ipb.PredictionsRequest:
-    if isinstance(item, ipb.PredictionsRequest):
-        return item
+def _to_pb(item: object) -> ipb.PredictionsRequest:
+    if is_message(item, PREDICTIONS_REQUEST):  # sent as it is, by its own serializer: the wire format is one
+        return cast("ipb.PredictionsRequest", item)
     if isinstance(item, PredictionsRequest):
         return _request(item.model_name, item.input, item.model_version, item.sequence_id)
     raise TypeError(f"stream_predictions2 takes PredictionsRequest items, not {type(item).__name__}")
@@ -198,9 +202,9 @@ class TorchServeGRPCClient:
     def _stub(self, service: str) -> Any:
         if self._closed:
             raise RuntimeError("the client is closed")
-        stub = self._stubs.get(service)
-        if stub is not None:
-            return stub
+        known = self._stubs.get(service)
+        if known is not None:
+            return known
         target = self.inference_url if service == "inference" else self.management_url
         if target is None:
             raise RuntimeError(f"no {service} address: TorchServeGRPCClient({service}_url='host:port')")
@@ -209,9 +213,8 @@ class TorchServeGRPCClient:
         else:
             channel = grpc.aio.insecure_channel(target, options=self._options)
         self._channels[service] = channel
-        make = ipb_grpc.InferenceAPIsServiceStub if service == "inference" else mpb_grpc.ManagementAPIsServiceStub
-        stub = self._stubs[service] = make(channel)
-        return stub
+        made = self._stubs[service] = stub(channel, SERVICES[service])
+        return made
 
     def _call_args(self, timeout: Timeout, headers: Headers | None) -> dict[str, Any]:
         pairs = list(self._metadata)
@@ -226,7 +229,7 @@ class TorchServeGRPCClient:
 
     async def ping(self, timeout: Timeout = USE_CLIENT_DEFAULT, headers: Headers | None = None) -> dict[str, Any]:
         """The server's health: TorchServe's JSON, parsed (``{"status": "Healthy"}`` or ``"Unhealthy"``)."""
-        reply = await self._stub("inference").Ping(empty_pb2.Empty(), **self._call_args(timeout, headers))
+        reply = await self._stub("inference").Ping(empty.Empty(), **self._call_args(timeout, headers))
         health: dict[str, Any] = json.loads(reply.health)
         return health
 
