@@ -4,7 +4,9 @@ same answers from a real ovserve server.
 :func:`cases` is written once against KServe's API; ``python -m tests.test_client_compat FLAVOUR ...`` runs it
 with ``from kserve import ...`` or ``from ovserve.client import ...`` and prints every case's outcome as
 JSON: ``{"ok": answer}`` or ``{"error": [kind, code]}``. Each flavour runs in a process of its own: kserve's
-stubs, ovserve's and tritonclient's (in the suite's process) all define protobuf package ``inference``.
+stubs and tritonclient's (in the suite's process) both define protobuf package ``inference`` in protobuf's
+default pool (ovserve's client keeps its messages apart, tests/test_client_coexist.py), and both flavours
+run alike.
 
 The answers must be equal case by case, except where ovserve's client differs from KServe's on purpose
 (docs/client.md): those cases assert both sides of the difference.

@@ -5,21 +5,18 @@ errors, encoded images, the headers a transformer's handler sees, deadlines, KSe
 by a gate that answers UNAVAILABLE first (tests/client_proxies.py), the policy's limits, channel_args, and
 mutual TLS through a real TLS endpoint (ovserve's server has no TLS of its own).
 
-Why the client runs in a child process: it loads ovserve's V2 stubs, which define protobuf package
-``inference`` in the default descriptor pool, as tritonclient's do, and the suite drives the server with
-tritonclient in the same pytest process; the two cannot share one (docs/client.md). So each test runs one
-*scenario* of this module as ``python -m tests.test_client_grpc SCENARIO ARGS``: a function that asserts what
-it sees and fails the child (its traceback becomes the test's failure) and may print one JSON line of what
-it saw. Servers, the gate and the TLS endpoint run here, so what reached them is asserted here. This
-module's imports load neither the client nor any stubs.
+The client runs in the test's own process, which, when the suite runs, holds tritonclient's stubs too (both
+define protobuf package ``inference``; the client's messages live in a descriptor pool of its own,
+client/proto.py): each test shows them side by side. Each test runs one *scenario* of this module, a
+function that asserts what the client sees; servers, the gate and the TLS endpoint run in their own
+processes, so what reached them is asserted by the test. A raw ``ModelInferRequest`` is tritonclient's
+(another set of stubs, as a user has), never ovserve's server stubs, which the server's process keeps.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
 import json
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -33,20 +30,15 @@ from .client_fixtures import COLOURS, DATATYPES, X, add_one, matmul_expected, pn
 from .client_proxies import CLIENT_CN, Certs, GrpcGate, TlsRelay, needs_openssl
 from .servers import ServerProcess, TransformerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 # the shared fixtures, by name (pytest finds a fixture among the module's globals)
 transformer, image_server, certs = client_fixtures.transformer, client_fixtures.image_server, client_fixtures.certs
 
 
-def run_scenario(name: str, **args: Any) -> Any:
-    """Run scenario ``name`` in a child Python; its traceback fails the test. Returns what it printed as JSON."""
-    assert name in SCENARIOS, name
-    done = subprocess.run([sys.executable, "-m", "tests.test_client_grpc", name, json.dumps(args)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
-    assert done.returncode == 0, f"scenario {name} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}"
-    lines = done.stdout.strip().splitlines()
-    assert lines and lines[-1] == f"scenario {name}: ok", done.stdout + done.stderr
-    return json.loads(lines[-2]) if len(lines) > 1 else None
+def run_scenario(name: str, **args: Any) -> None:
+    """Run scenario ``name`` here (an async one in an event loop of its own); its assertion fails the test."""
+    result = SCENARIOS[name](**args)
+    if inspect.iscoroutine(result):
+        asyncio.run(result)
 
 
 # -- the tests (this process): one scenario each -------------------------------------------------------
@@ -134,7 +126,7 @@ def test_types_round_trip() -> None:
     run_scenario("types_round_trip")
 
 
-# -- the scenarios (a child process each) -------------------------------------------------------------
+# -- the scenarios ------------------------------------------------------------------------------------
 SCENARIOS: dict[str, Callable[..., Any]] = {}
 
 
@@ -198,11 +190,12 @@ async def every_datatype(target: str, form: str) -> None:
 
 @scenario
 async def raw_request_and_outputs(target: str) -> None:
+    from tritonclient.grpc import service_pb2 as other  # a user's stubs of protobuf package inference
+
     from ovserve.client import InferenceGRPCClient, InferInput, InferRequest, RequestedOutput
-    from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 
     a = np.arange(8, dtype=np.float32).reshape(2, 4)
-    raw = pb.ModelInferRequest(model_name="two", id="raw-1")
+    raw = other.ModelInferRequest(model_name="two", id="raw-1")
     for name, values in (("a", a), ("b", a * 2)):  # typed contents, as KServe's docs show a raw request
         raw.inputs.add(name=name, datatype="FP32", shape=[2, 4]).contents.fp32_contents.extend(values.reshape(-1))
     async with InferenceGRPCClient(target) as c:
@@ -355,7 +348,7 @@ async def retries(target: str, client: dict[str, Any], succeeds: bool) -> None:
 
 
 @scenario
-def options() -> None:
+async def options() -> None:  # async: grpc.aio makes a channel in a running event loop
     from ovserve.client import InferenceGRPCClient
     from ovserve.client.kserve_grpc import channel_options, checked_retries, service_config, target_of
 
@@ -424,15 +417,19 @@ async def mutual_tls(target: str, ca: str, cert: str, key: str, other_ca: str) -
 @scenario
 def types_round_trip() -> None:
     """KServe's types through the gRPC messages and back, every datatype, raw and typed contents."""
+    from google.protobuf import descriptor_pool
+    from tritonclient.grpc import service_pb2 as other  # a user's stubs of protobuf package inference
+
     from ovserve.client import InferenceError, InferInput, InferOutput, InferRequest, InferResponse, InvalidInput
-    from ovserve.common.proto import grpc_predict_v2_pb2 as pb
+    from ovserve.client.proto import v2 as pb
 
     for datatype in DATATYPES:
         for form in ("binary", "json", "list"):
             tensor, x = sample_input(datatype, form)
             request = InferRequest("m", [tensor], request_id="r", parameters={"p": 1}, model_version="2")
-            msg = request.to_grpc()
+            msg = request.to_grpc()  # the client's own message, out of protobuf's default pool
             assert isinstance(msg, pb.ModelInferRequest) and len(msg.raw_input_contents) == 1  # lists go raw too
+            assert msg.DESCRIPTOR.file.pool is not descriptor_pool.Default()
             assert (msg.id, msg.model_version, msg.parameters["p"].int64_param) == ("r", "2", 1)
             back = InferRequest.from_grpc(msg)
             assert back.from_grpc is True and back.inputs[0].as_numpy().tolist() == x.tolist(), (datatype, form)
@@ -442,8 +439,8 @@ def types_round_trip() -> None:
             again = InferResponse.from_grpc(response.to_grpc())
             assert again.outputs[0].as_numpy().tolist() == x.tolist() and again.parameters == {"q": "s"}
             assert again.from_grpc is True and again.model_version == "2"
-    # a response with typed contents (no raw), as some servers answer
-    typed = pb.ModelInferResponse(model_name="m", id="t")
+    # a response with typed contents (no raw), as some servers answer, of another set of stubs
+    typed = other.ModelInferResponse(model_name="m", id="t")
     typed.outputs.add(name="y", datatype="INT64", shape=[3]).contents.int64_contents.extend([1, -2, 2**40])
     assert InferResponse.from_grpc(typed).outputs[0].as_numpy().tolist() == [1, -2, 2**40]
     short = pb.ModelInferResponse(model_name="m")
@@ -454,12 +451,3 @@ def types_round_trip() -> None:
     with pytest.raises(InferenceError, match="expected FP32"):
         InferInput("x", [2], "FP32").set_data_from_numpy(np.zeros(2, np.float64))
 
-
-if __name__ == "__main__":
-    name, arguments = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    result = SCENARIOS[name](**arguments)
-    if inspect.iscoroutine(result):
-        result = asyncio.run(result)
-    if result is not None:
-        print(json.dumps(result))
-    print(f"scenario {name}: ok")

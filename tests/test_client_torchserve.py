@@ -4,13 +4,11 @@ Every method is driven against the server in its own process: archives built by 
 ``torch-model-archiver`` (tests/mar.py), handlers written as TorchServe documents them, the error
 codes ovserve answers, TLS with a client certificate through a real TLS endpoint.
 
-Why the client runs in a child process: it uses ovserve's own TorchServe stubs, which claim
-TorchServe's protobuf package in the process's default pool, while test_torchserve.py (in the same
-pytest process when the suite runs) drives the server with stubs generated the way a TorchServe user
-makes them (tests/ts_stubs.py), and the two sets refuse to share a process (MixedStubsError). So each
-test runs one *scenario* of this module in ``python -m tests.test_client_torchserve SCENARIO ARGS``: a
-function that asserts what it sees and fails the child (its traceback becomes the test's failure).
-This module imports neither the client nor the stubs at import time.
+The client runs in the test's own process, which, when the suite runs, holds the stubs a TorchServe user
+generates (tests/ts_stubs.py, loaded by test_torchserve.py): they register TorchServe's protobuf packages in
+protobuf's default pool, and the client's messages live in a descriptor pool of its own (client/proto.py),
+so the two share the process. Each test runs one *scenario* of this module, a function that asserts what
+the client sees; the server runs in its own process.
 """
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ import json
 import shutil
 import ssl
 import subprocess
-import sys
 import textwrap
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,7 +32,6 @@ from .servers import ServerProcess
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 
 HANDLERS = {
     # tells what reached it: the input map, headers, sequence id, its model's name and version
@@ -125,12 +121,10 @@ def targets(server: ServerProcess) -> dict[str, str]:
 
 
 def run_scenario(name: str, **args: Any) -> None:
-    """Run scenario ``name`` of this module in a child Python; its assertion's traceback fails the test."""
-    assert name in SCENARIOS, name
-    done = subprocess.run([sys.executable, "-m", "tests.test_client_torchserve", name, json.dumps(args)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
-    assert done.returncode == 0, f"scenario {name} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}"
-    assert f"scenario {name}: ok" in done.stdout, done.stdout + done.stderr
+    """Run scenario ``name`` here (an async one in an event loop of its own); its assertion fails the test."""
+    result = SCENARIOS[name](**args)
+    if inspect.iscoroutine(result):
+        asyncio.run(result)
 
 
 # -- the tests (this process): one scenario each ------------------------------------------------------
@@ -264,7 +258,7 @@ def test_tls_with_a_client_certificate(server: ServerProcess, certs: dict[str, s
         front.close()
 
 
-# -- the scenarios (a child process: ``python -m tests.test_client_torchserve NAME ARGS_JSON``) --------
+# -- the scenarios -----------------------------------------------------------------------------------
 
 SCENARIOS: dict[str, Callable[..., Any]] = {}
 
@@ -315,7 +309,6 @@ async def ping_and_predictions(inference: str, management: str) -> None:
         # a value the wire cannot carry is refused before anything is sent
         with pytest.raises(TypeError, match=r"input\['data'\]"):
             await client.predictions("add", {"data": 3})  # type: ignore[dict-item]
-    print("scenario ping_and_predictions: ok")
 
 
 @scenario
@@ -339,7 +332,6 @@ async def token_and_headers(inference: str, management: str) -> None:
                 assert seen["authorization"] is None, seen
         finally:
             await client.unregister("headers")
-    print("scenario token_and_headers: ok")
 
 
 @scenario
@@ -366,7 +358,6 @@ async def stream_predictions(inference: str, management: str) -> None:
             assert code is grpc.StatusCode.NOT_FOUND and "nope" in details, (code, details)
         finally:
             await client.unregister("stream")
-    print("scenario stream_predictions: ok")
 
 
 @scenario
@@ -403,7 +394,6 @@ async def stream_predictions2(inference: str, management: str) -> None:
                     pass
         finally:
             await client.unregister("stream2")
-    print("scenario stream_predictions2: ok")
 
 
 @scenario
@@ -461,7 +451,6 @@ async def management(inference: str, management: str) -> None:
         assert code is grpc.StatusCode.NOT_FOUND, code
         code, _ = await code_of(client.describe("echo"))
         assert code is grpc.StatusCode.NOT_FOUND, code
-    print("scenario management: ok")
 
 
 @scenario
@@ -495,7 +484,6 @@ async def register_settings(inference: str, management: str) -> None:
             assert doc["outputs"][0]["data"] == [5.0] * 16, doc
         finally:
             await client.unregister("tensors")
-    print("scenario register_settings: ok")
 
 
 @scenario
@@ -546,7 +534,6 @@ async def error_codes(inference: str, management: str) -> None:
             await client.register("echo.mar", batch_size=-1)
         with pytest.raises(ValueError, match="min_worker"):
             await client.scale("add", min_worker=-1)
-    print("scenario error_codes: ok")
 
 
 @scenario
@@ -576,7 +563,6 @@ async def deadlines(inference: str, management: str) -> None:
             assert await client.predictions("slow", {"data": b"0.5"}, timeout=None) == b"slept"
         finally:
             await client.unregister("slow", timeout=30)
-    print("scenario deadlines: ok")
 
 
 @scenario
@@ -603,7 +589,6 @@ def lifetime(inference: str, management: str) -> None:
                           "/nonexistent/ca")):
         with pytest.raises(ValueError, match=word):
             TorchServeGRPCClient(**kwargs)
-    print("scenario lifetime: ok")
 
 
 @scenario
@@ -619,7 +604,6 @@ async def model_api_off(management: str) -> None:
         assert (await client.list_models())["models"][0]["modelName"] == "add"  # reading is allowed
         with pytest.raises(RuntimeError, match="inference_url"):
             await client.ping()
-    print("scenario model_api_off: ok")
 
 
 @scenario
@@ -643,11 +627,4 @@ async def tls(inference: str, ca: str, cert: str, key: str) -> None:
         async with TorchServeGRPCClient(inference, use_ssl=True, timeout=10, **kwargs) as client:
             code, _ = await code_of(client.ping())
             assert code is grpc.StatusCode.UNAVAILABLE, (kwargs, code)
-    print("scenario tls: ok")
 
-
-if __name__ == "__main__":
-    name, arguments = sys.argv[1], json.loads(sys.argv[2])
-    result = SCENARIOS[name](**arguments)
-    if inspect.iscoroutine(result):
-        asyncio.run(result)
