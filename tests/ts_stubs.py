@@ -24,7 +24,8 @@ symbol"/"duplicate file name") or, when the two descriptors happen to be byte-id
 classes silently become ovserve's, and the test no longer checks what it claims. So the server under test
 runs in its own process (as every server test here does), and :func:`ts_stubs` raises
 :class:`MixedStubsError` when ovserve's TorchServe stubs are already imported; once it has run, importing
-them raises the same error.
+them raises the same error. ovserve's client (``TorchServeGRPCClient``) imports neither set: its messages
+are in a descriptor pool of its own (client/proto.py), so it shares a process with these stubs.
 """
 from __future__ import annotations
 
