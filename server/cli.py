@@ -123,6 +123,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
          "comma-separated metric families to serve, e.g. ovms_requests_success,ovms_infer_req_queue_size "
          "(default: OVMS's default list and ovserve's own)", aliases=["--metrics_list"], metavar="FAMILIES")
     _add(mon, "--metrics-port", port, None, "serve the metrics on a port of their own instead (0 picks a free one)")
+    add_tls_override(mon, "metrics", "the --metrics-port listener (e.g. off: Prometheus scrapes in plain text)")
     parser.serve_parser = serve  # type: ignore[attr-defined]
     demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")

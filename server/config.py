@@ -149,6 +149,8 @@ class Settings(ProcessSettings):
     metrics_list: str = ""
     #: ... and a port of their own instead of the REST port (None: the REST port).
     metrics_port: int | None = None
+    #: The --metrics-port listener's exception to the shared TLS flags (server/tls.py).
+    metrics_tls: TlsOverride | None = None
 
     def mode(self) -> str:
         chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),

@@ -71,7 +71,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mtls(repo: Path, certs: Certs) -> Iterator[ServerProcess]:
     proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT, *tls_flags(certs),
                           "--ts-inference-port", "0", "--ts-management-port", "0",
-                          "--ts-management-tls", "client-ca=off"])
+                          "--ts-management-tls", "client-ca=off", "--metrics-enable", "--metrics-port", "0"])
     try:
         yield wait_https(proc, certs)
     finally:
@@ -79,7 +79,7 @@ def mtls(repo: Path, certs: Certs) -> Iterator[ServerProcess]:
 
 
 def test_listeners_say_they_serve_tls(mtls: ServerProcess, certs: Certs) -> None:
-    for name in ("rest", "grpc", "ts-inference"):
+    for name in ("rest", "grpc", "ts-inference", "metrics"):
         line = mtls.wait_log(rf"\b{name} listening on ")
         assert f"mTLS, client certificates required (CA {certs.ca})" in line, line
     line = mtls.wait_log(r"\bts-management listening on ")
@@ -209,6 +209,24 @@ def test_torchserve_stubs_over_tls(mtls: ServerProcess, certs: Certs) -> None:
         stub = ts.management_pb2_grpc.ManagementAPIsServiceStub(channel)
         reply = stub.ListModels(ts.management_pb2.ListModelsRequest(limit=10), timeout=20)
         assert "matmul" in reply.msg
+
+
+def test_metrics_port_serves_mtls_with_the_rest(mtls: ServerProcess, certs: Certs) -> None:
+    url = f"https://localhost:{mtls.ports['metrics']}/metrics"
+    out = curl(url, "--cacert", str(certs.ca), "--cert", str(certs.client_cert), "--key", str(certs.client_key))
+    assert out.stdout.endswith("200") and "ovms_requests_success" in out.stdout, out
+    assert curl(url, "--cacert", str(certs.ca)).stdout.endswith("000")
+
+
+def test_metrics_tls_off_lets_prometheus_scrape_in_plain_text(repo: Path, certs: Certs) -> None:
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *tls_flags(certs),
+                          "--metrics-enable", "--metrics-port", "0", "--metrics-tls", "off"])
+    try:
+        wait_https(proc, certs)
+        resp = requests.get(f"http://{HOST}:{proc.ports['metrics']}/metrics", timeout=10)
+        assert resp.status_code == 200 and "ovms_requests_success" in resp.text
+    finally:
+        assert proc.stop() == 0
 
 
 # -- the engine without TLS, and what cannot start -----------------------------------------------------
