@@ -121,8 +121,19 @@ def scrape_annotations(isvc: dict[str, Any], component: str) -> dict[str, str]:
     port = metrics_port(isvc) if component == "predictor" else None
     if port is None:
         return {}
-    return {"prometheus.kserve.io/port": str(port), "prometheus.kserve.io/path": n.METRICS_PATH,
-            "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": n.METRICS_PATH}
+    out = {"prometheus.kserve.io/port": str(port), "prometheus.kserve.io/path": n.METRICS_PATH,
+           "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": n.METRICS_PATH}
+    if tls.requested(isvc) is not None and not _metrics_in_plain_text(isvc):
+        out["prometheus.io/scheme"] = "https"  # the metrics' listener serves the Secret's TLS too
+    return out
+
+
+def _metrics_in_plain_text(isvc: dict[str, Any]) -> bool:
+    """Whether the args turn TLS off on the listener serving metrics: ``--metrics-tls off`` on their own port,
+    ``--rest-tls off`` on the REST port."""
+    args = [str(a) for a in isvc["spec"]["predictor"]["model"].get("args") or []]
+    flag = ("--metrics-tls",) if _flag(args, "--metrics-port") else ("--rest-tls", "--rest_tls")
+    return (_flag(args, *flag) or "").strip().lower() in ("off", "none")
 
 
 def ovserve_container(isvc: dict[str, Any],

@@ -149,3 +149,26 @@ def test_the_tls_volume_name_is_reserved() -> None:
     isvc["spec"]["predictor"]["volumes"] = [{"name": "ovserve-tls", "emptyDir": {}}]
     with pytest.raises(Invalid, match="ovserve-tls"):
         check(isvc)
+
+
+@pytest.mark.parametrize("args, scheme", [
+    ([], "https"),
+    (["--metrics-port", "9090"], "https"),
+    (["--metrics-port", "9090", "--metrics-tls", "off"], None),  # Prometheus scrapes that port in plain text
+    (["--rest-tls", "off"], None),
+    (["--metrics-port", "9090", "--rest-tls", "off"], "https"),
+])
+def test_scrape_annotations_say_https_when_the_metrics_serve_tls(args: list[str], scheme: str | None) -> None:
+    isvc = annotated("predictor")
+    isvc["metadata"]["annotations"]["serving.kserve.io/enable-prometheus-scraping"] = "true"
+    isvc["spec"]["predictor"]["model"]["args"] = args
+    notes = children(isvc)[("Deployment", "resnet-predictor")]["spec"]["template"]["metadata"]["annotations"]
+    assert notes.get("prometheus.io/scheme") == scheme
+    assert notes["prometheus.io/scrape"] == "true"
+
+
+def test_no_scheme_without_tls() -> None:
+    isvc = load("predictor")
+    isvc["metadata"]["annotations"] = {"serving.kserve.io/enable-prometheus-scraping": "true"}
+    notes = children(isvc)[("Deployment", "resnet-predictor")]["spec"]["template"]["metadata"]["annotations"]
+    assert "prometheus.io/scheme" not in notes
