@@ -40,8 +40,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def hook_cost_us(n: int = 200_000) -> float:
     """Microseconds the metrics add to one answered inference, in process: the request-outcome hook
     (a request without a version, resolved from the cache), the wait and the inference observations."""
-    from ovserve.server.metrics import Metrics
-    from ovserve.server.metrics import registry as calls
+    from ovserve.server.metrics import calls
+    from ovserve.server.metrics.registry import Metrics
 
     metrics = Metrics(calls=calls.REST_CALLS + calls.GRPC_CALLS)
     series = metrics.version("add", "1")

@@ -16,9 +16,9 @@ import kopf
 
 from . import manifests, status, validation
 from . import names as n
-from .metrics import METRICS
 from .apply import ApiError, Cluster
 from .config import Config
+from .metrics import METRICS
 
 ISVC = (n.GROUP, n.VERSION, n.PLURAL)
 # Any: kopf's type for a filter value (MetaFilterToken, e.g. kopf.PRESENT) is not public.

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import Unsupported
-from .metrics import Metrics
 from .types import (
     Explanation,
     Headers,
@@ -30,6 +29,9 @@ from .types import (
     ServerMetadata,
     VersionStatus,
 )
+
+if TYPE_CHECKING:  # loaded only when metrics are on
+    from .metrics.registry import Metrics
 
 
 class DataPlane(abc.ABC):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ovserve.common.codecs.datatypes import V2_TO_NUMPY
 from ovserve.common.codecs.tensors import encoding_parameters
@@ -20,7 +20,6 @@ from ovserve.common.codecs.tensors import encoding_parameters
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
 from .errors import InvalidInput, ServerError, Unavailable
-from .metrics import Metrics
 from .repository.manager import ModelManager, ModelVersion
 from .repository.states import State
 from .runtime.memory import release_free_memory
@@ -40,6 +39,9 @@ from .types import (
     VersionStatus,
 )
 from .version import __version__
+
+if TYPE_CHECKING:  # loaded only when metrics are on
+    from .metrics.registry import Metrics
 
 log = logging.getLogger("ovserve")
 

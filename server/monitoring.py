@@ -2,19 +2,20 @@
 
 OVMS reads ``monitoring.metrics`` (``enable``, ``metrics_list``, ``endpoint_path``) from its
 config.json at start; so does ovserve (a later edit of the block takes a restart, as in OVMS). A
-flag wins over the file.
+flag wins over the file. With metrics off nothing of the metrics is imported (the idle server's
+memory is a measured target).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import metrics as m
 from .app import Listener
 from .config import Settings
 from .dataplane import DataPlane
-from .metrics import registry
 from .repository.document import decode_config, load_document, read_config_file
-from .transports.rest.metrics import MetricsListener
+
+if TYPE_CHECKING:
+    from .metrics.registry import Metrics
 
 
 def _monitoring(settings: Settings) -> Any:
@@ -24,18 +25,26 @@ def _monitoring(settings: Settings) -> Any:
     return doc.get("monitoring") if isinstance(doc, dict) else None
 
 
-def metrics(settings: Settings) -> m.Metrics | None:
+def metrics(settings: Settings) -> Metrics | None:
     """The process's metrics, or None when they are off (InvalidInput for a setting that cannot be used)."""
-    config = m.configure(settings.metrics_enable, m.parse_list(settings.metrics_list), settings.metrics_port,
-                         _monitoring(settings))
+    monitoring = _monitoring(settings)
+    if not (settings.metrics_enable or settings.metrics_list or settings.metrics_port is not None
+            or monitoring is not None):
+        return None  # nothing asks for them
+    from .metrics import calls
+    from .metrics.config import configure
+    from .metrics.families import parse_list
+    from .metrics.registry import Metrics
+
+    config = configure(settings.metrics_enable, parse_list(settings.metrics_list), settings.metrics_port, monitoring)
     if config is None:
         return None
-    calls = list(registry.REST_CALLS)  # made at 0 for each model version, for the listeners this process has
+    counted = list(calls.REST_CALLS)  # made at 0 for each model version, for the listeners this process has
     if settings.grpc_port is not None:
-        calls += registry.GRPC_CALLS
+        counted += calls.GRPC_CALLS
     if settings.ts_inference_port is not None:
-        calls += registry.TORCHSERVE_CALLS
-    made = m.Metrics(config.families, calls)
+        counted += calls.TORCHSERVE_CALLS
+    made = Metrics(config.families, counted)
     made.path, made.port = config.path, config.port
     return made
 
@@ -43,6 +52,8 @@ def metrics(settings: Settings) -> m.Metrics | None:
 def add_listeners(listeners: list[tuple[Listener, int]], dataplane: DataPlane, settings: Settings) -> None:
     """The metrics listener when the metrics have a port of their own, and every listener's requests in
     flight (``ovserve_requests_in_flight``)."""
+    from .transports.rest.metrics import MetricsListener
+
     made = dataplane.metrics
     assert made is not None
     counters = [(listener.name, listener) for listener, _ in listeners]

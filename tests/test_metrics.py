@@ -11,7 +11,11 @@ import time
 import pytest
 
 from ovserve.server.errors import InvalidInput
-from ovserve.server.metrics import DEFAULT, Metrics, configure, families, parse_list, registry
+from ovserve.server.metrics import calls as registry
+from ovserve.server.metrics import families
+from ovserve.server.metrics.config import configure
+from ovserve.server.metrics.families import DEFAULT, parse_list
+from ovserve.server.metrics.registry import Metrics
 from ovserve.common.exposition import Family, render
 from ovserve.server.metrics.families import OVMS_BOUNDS_US
 

@@ -9,6 +9,7 @@ import json
 import queue
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -228,3 +229,23 @@ def test_dynamic_batching_and_images_have_their_own_series(start_server, tmp_pat
     # each request waited for its batch: counted once per request
     assert m['ovms_wait_for_infer_req_time_us_count{name="add",version="1"}'] == 4
     assert m['ovms_inference_time_us_count{name="add",version="1"}'] == batches
+
+
+def test_metrics_off_loads_nothing_of_them(repo: Path) -> None:
+    """With metrics off, a built server has imported only the call constants (idle RSS is a target)."""
+    script = (
+        "import asyncio, sys\n"
+        "from ovserve.server import cli\n"
+        "from ovserve.server.serve import build\n"
+        f"argv = ['serve', '--model-repository', {str(repo)!r}]\n"
+        "async def main():\n"
+        "    for extra in ([], ['--metrics-enable']):\n"
+        "        build(cli.settings_from_args(cli.build_parser().parse_args(argv + extra)))\n"
+        "        print(sorted(m for m in sys.modules if 'metrics' in m or 'observed' in m or 'exposition' in m))\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    off, on = done.stdout.splitlines()
+    assert off == str(["ovserve.server.metrics", "ovserve.server.metrics.calls"])
+    assert "ovserve.server.metrics.registry" in on and "ovserve.common.exposition" in on

@@ -18,42 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 
 from ovserve.common.exposition import Counter, Family, Histogram, Key, Number, render
 
+from .calls import Call
 from .families import BY_NAME, DEFAULT, SPECS
-
-
-@dataclass(frozen=True)
-class Call:
-    """What a request was, as OVMS labels it: ``api``, ``interface``, ``method``."""
-
-    api: str
-    interface: str
-    method: str
-    #: counted per version (ModelInfer), or per model (OVMS's ModelReady and GetModelStatus have no version)
-    versioned: bool = True
-    #: an inference: its time, once answered, goes to ovms_request_time_us (as OVMS times them)
-    timed: bool = False
-
-
-# The calls of ovserve's transports. KServe V1 (/v1/models/{m}:predict and the model status)
-# counts as OVMS counted those same URLs: api "TensorFlowServing", methods Predict and GetModelStatus.
-REST_INFER = Call("KServe", "REST", "ModelInfer", timed=True)
-REST_METADATA = Call("KServe", "REST", "ModelMetadata")
-REST_READY = Call("KServe", "REST", "ModelReady", versioned=False)
-REST_PREDICT = Call("TensorFlowServing", "REST", "Predict", timed=True)
-REST_STATUS = Call("TensorFlowServing", "REST", "GetModelStatus", versioned=False)
-GRPC_INFER = Call("KServe", "gRPC", "ModelInfer", timed=True)
-GRPC_METADATA = Call("KServe", "gRPC", "ModelMetadata")
-GRPC_READY = Call("KServe", "gRPC", "ModelReady", versioned=False)
-TS_PREDICTIONS = Call("TorchServe", "gRPC", "Predictions", timed=True)
-TS_STREAM = Call("TorchServe", "gRPC", "StreamPredictions", timed=True)
-TS_STREAM2 = Call("TorchServe", "gRPC", "StreamPredictions2", timed=True)
-REST_CALLS = (REST_INFER, REST_METADATA, REST_READY, REST_PREDICT, REST_STATUS)
-GRPC_CALLS = (GRPC_INFER, GRPC_METADATA, GRPC_READY)
-TORCHSERVE_CALLS = (TS_PREDICTIONS,)
 
 #: what the gauges of one version read at a scrape: requests in process, OpenVINO streams,
 #: infer requests (nireq), infer requests in use

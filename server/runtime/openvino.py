@@ -29,7 +29,7 @@ from . import cpus
 from .failures import inference_error
 
 if TYPE_CHECKING:  # imported when a model batches (see load)
-    from ..metrics import VersionSeries
+    from ..metrics.registry import VersionSeries
     from .batching import DynamicBatcher
 
 log = logging.getLogger(__name__)

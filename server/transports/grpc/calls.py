@@ -10,7 +10,7 @@ that answers errors in-band (KServe's ModelStreamInfer) takes its message from
 
 The same decorators are the gRPC side of the one request-outcome hook of the
 metrics (server/metrics): a method a servicer lists in ``observed`` is counted,
-and timed, under its :class:`~ovserve.server.metrics.Call` for the model its
+and timed, under its :class:`~ovserve.server.metrics.calls.Call` for the model its
 request names, once it has ended, well or not.
 
 A decorator rather than a grpc.aio interceptor: the native engine runs a
@@ -23,14 +23,17 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
 from ...errors import ServerError, Unavailable, grpc_status
 from ...gate import INFERENCE, OPEN_GATE, Access, Gate
-from ...metrics import Call, Metrics
+from ...metrics.calls import Call
 from .gate import gated_stream, gated_unary
+
+if TYPE_CHECKING:  # loaded only when metrics are on
+    from ...metrics.registry import Metrics
 
 log = logging.getLogger(__name__)
 

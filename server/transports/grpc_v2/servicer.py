@@ -16,7 +16,7 @@ from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
 from ...gate import MANAGEMENT, OPEN, Access
-from ...metrics import registry as calls
+from ...metrics import calls
 from ..grpc.calls import Metadata, Observed, Servicer, bidi, enter, in_band, unary
 from ..grpc.listener import Service
 from . import converters

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...dataplane import DataPlane
@@ -22,7 +23,6 @@ from ...gate import OPEN_GATE, Gate
 from . import v1, v2
 from .gate import GateMiddleware
 from .http import error_response
-from .observed import counted_routes
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,23 @@ class LastResort:
                 await error_response(500, f"internal error: {type(exc).__name__}")(scope, receive, send)
 
 
+def _routes(dataplane: DataPlane) -> list[BaseRoute]:
+    """V2 and V1; with metrics on (server/metrics), the counted ones wrapped and the exposition added."""
+    routes: list[BaseRoute] = [*v2.routes(), *v1.routes()]
+    if dataplane.metrics is None:
+        return routes
+    from .observed import counted_routes  # imported only when metrics are on
+
+    return counted_routes(routes, dataplane.metrics)
+
+
 def create_app(dataplane: DataPlane, max_request_bytes: int, gate: Gate = OPEN_GATE,
                listener: str = "rest") -> Starlette:
     """The app; ``gate``'s tokens and access log (server/gate) in front of everything, installed only when
     it has something to do."""
     gated = [] if gate.idle else [Middleware(GateMiddleware, gate=gate, listener=listener)]
     app = Starlette(
-        routes=counted_routes(v2.routes() + v1.routes(), dataplane.metrics),  # metrics: server/metrics
+        routes=_routes(dataplane),
         middleware=[*gated, Middleware(LastResort)],
         exception_handlers={
             ServerError: _on_server_error,

@@ -1,4 +1,4 @@
-"""Metrics over REST: the routes' request-outcome hook and ``GET /metrics``.
+"""Metrics over REST: the routes' request-outcome hook and ``GET /metrics`` (imported only when metrics are on).
 
 With metrics on, the routes OVMS counts (V2 infer, model metadata, model ready; V1 :predict and
 model status) are wrapped once, when the app is made, by :func:`observed`, the REST side of the
@@ -15,8 +15,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...metrics import CONTENT_TYPE, Call, Metrics
-from ...metrics import registry as calls
+from ovserve.common.exposition import CONTENT_TYPE
+
+from ...metrics import calls
+from ...metrics.calls import Call
+from ...metrics.registry import Metrics
 from . import v1, v2
 
 Endpoint = Callable[[Request], Awaitable[Response]]

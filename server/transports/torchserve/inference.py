@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 from google.rpc import status_pb2
@@ -24,10 +24,12 @@ from ovserve.common.proto.torchserve import inference_pb2_grpc as pb_grpc
 from ...dataplane import DataPlane
 from ...errors import ServerError
 from ...gate import OPEN, Access
-from ...metrics import Metrics
-from ...metrics import registry as calls
+from ...metrics import calls
 from ..grpc.calls import Metadata, Observed, Servicer, bidi, enter, in_band, status_of, streaming, unary
 from ..grpc.listener import Service
+
+if TYPE_CHECKING:  # loaded only when metrics are on
+    from ...metrics.registry import Metrics
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
 _DONE = object()
