@@ -30,6 +30,8 @@ _COMPONENTS = {
     "explainer": ".components.explainer",
     # the local runner lives with the operator's builders it executes: dispatched by name, never imported here
     "run": "ovserve.operator.local.command",
+    # the client's command, also the client-only install's `ovserve-infer`: dispatched by name as well
+    "infer": "ovserve.client.cli",
 }
 SWITCH_INTERVAL = 0.0005
 
@@ -168,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .components.transformer_server import main as transformer_main
 
         return transformer_main(ns)
-    if ns.command == "run":
-        code: int = importlib.import_module(_COMPONENTS["run"]).main(ns)  # by name: see _COMPONENTS
+    if ns.command in ("run", "infer"):
+        code: int = importlib.import_module(_COMPONENTS[ns.command]).main(ns)  # by name: see _COMPONENTS
         return code
     if ns.command == "explainer":
         from .components.explainer import main as explainer_main
