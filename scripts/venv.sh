@@ -1,4 +1,4 @@
-# Sourced by the scripts here: make .venv (once) and install ovserve into it with
+# Sourced by the scripts here: make .venv (once) and install ovserve (and ovserve-client) into it with
 # the extras given as arguments, e.g. `ensure_venv test,dev`.
 ensure_venv() {
     local extras="${1:-}"
@@ -7,9 +7,10 @@ ensure_venv() {
         "$python" -m venv .venv
     fi
     .venv/bin/python -m pip install --quiet --upgrade pip
+    # two distributions from this checkout: ovserve-client (client/, common/) and ovserve, which requires it
     if [ -n "$extras" ]; then
-        .venv/bin/python -m pip install --quiet -e ".[$extras]"
+        .venv/bin/python -m pip install --quiet -e packaging/client -e ".[$extras]"
     else
-        .venv/bin/python -m pip install --quiet -e .
+        .venv/bin/python -m pip install --quiet -e packaging/client -e .
     fi
 }

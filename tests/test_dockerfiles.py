@@ -189,25 +189,36 @@ def build_context(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The server image's RUN line's two wheels, from the context: ovserve and ovserve-client."""
     ctx = build_context(tmp_path_factory.mktemp("context"))
     out = tmp_path_factory.mktemp("wheels")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "--wheel-dir", str(out), str(ctx)], check=True, capture_output=True, timeout=300)
-    (whl,) = out.glob("ovserve-*.whl")
-    return whl
+                    "--wheel-dir", str(out), str(ctx), str(ctx / "packaging/client")], check=True,
+                   capture_output=True, timeout=300)
+    (server,) = out.glob("ovserve-*.whl")
+    (client,) = out.glob("ovserve_client-*.whl")
+    return {"ovserve": server, "ovserve-client": client}
 
 
-def test_wheel_from_the_context_has_both_programs(wheel: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(wheels: dict[str, Path]) -> Path:
+    return wheels["ovserve"]
+
+
+def test_wheel_from_the_context_has_both_programs(wheels: dict[str, Path]) -> None:
+    wheel = wheels["ovserve"]
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("ovserve/server/cli.py", "ovserve/server/storage.py", "ovserve/server/app.py",
                    "ovserve/operator/main.py", "ovserve/operator/rbac.yaml"):
         assert module in names, module
-    # every Python package in the source tree is in the wheel (a package missing from pyproject's list is not)
-    for folder in ("server", "common", "client"):
+    # every Python package in the source tree is in its wheel (a package missing from a pyproject's list is not):
+    # the server's in ovserve, client/ and common/ in ovserve-client (packaging/client/pyproject.toml)
+    client_names = zipfile.ZipFile(wheels["ovserve-client"]).namelist()
+    for folder, packaged in (("server", names), ("common", client_names), ("client", client_names)):
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.relative_to(ROOT / folder).as_posix()
-            assert f"ovserve/{folder}/{rel}" in names, f"{folder}/{rel} is not packaged: add it to pyproject.toml"
+            assert f"ovserve/{folder}/{rel}" in packaged, f"{folder}/{rel} is not packaged: add it to its pyproject"
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "ovserve = ovserve.server.cli:main" in entry_points
     assert "ovserve-operator = ovserve.operator.main:main" in entry_points
@@ -244,17 +255,28 @@ def test_one_entrypoint_runs_every_component(mode: str) -> None:
 
 
 def test_operator_imports_only_what_its_image_installs() -> None:
-    """The operator image has the wheel without the server's runtime: the operator's modules may import
-    the standard library, each other, and the [operator] extra's packages (urllib3 comes with requests)."""
+    """The operator image has the two wheels without the server's runtime: the operator's modules may import
+    the standard library, each other, the [operator] extra's packages (urllib3 comes with requests), and
+    modules of ovserve.common (from the ovserve-client wheel, installed without its dependencies) that import
+    only the standard library themselves."""
     import ast
-    allowed = set(sys.stdlib_module_names) | {"kopf", "kubernetes", "requests", "urllib3"}
-    for path in (ROOT / "operator").glob("*.py"):
+
+    def imports(path: Path) -> list[str]:
+        names: list[str] = []
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
+                names += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            else:
+                names.append(node.module or "")
+        return names
+
+    allowed = set(sys.stdlib_module_names) | {"kopf", "kubernetes", "requests", "urllib3"}
+    for path in (ROOT / "operator").glob("*.py"):
+        for name in imports(path):
+            if name.startswith(("ovserve.operator.", "ovserve.common.")):
+                common = ROOT.joinpath(*name.split(".")[1:]).with_suffix(".py")
+                if name.startswith("ovserve.common."):
+                    assert common.is_file(), f"{path.name} imports {name}, not a module of common/"
+                    assert all(n.split(".")[0] in sys.stdlib_module_names for n in imports(common)), name
                 continue
-            for name in names:
-                assert name.split(".")[0] in allowed, f"{path.name} imports {name}: not in the operator image"
+            assert name.split(".")[0] in allowed, f"{path.name} imports {name}: not in the operator image"
