@@ -17,6 +17,7 @@ from ovserve.common.errors import (
     InternalError,
     InvalidInput,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
     PermissionDenied,
     ServerError,
@@ -54,6 +55,10 @@ class PredictorPayloadTooLarge(PredictorError, PayloadTooLarge):
     pass
 
 
+class PredictorOverloaded(PredictorError, Overloaded):
+    pass
+
+
 class PredictorFailedPrecondition(PredictorError, FailedPrecondition):
     pass
 
@@ -83,7 +88,9 @@ class PredictorInternal(PredictorError, InternalError):
 
 
 _CLASSES: tuple[type[PredictorError], ...] = (
-    PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
+    # PredictorOverloaded before PredictorPayloadTooLarge: both are RESOURCE_EXHAUSTED over gRPC, where
+    # the later one wins the code (a request too large was its only meaning before 429 existed)
+    PredictorOverloaded, PredictorInvalidInput, PredictorNotFound, PredictorUnavailable, PredictorPayloadTooLarge,
     PredictorFailedPrecondition, PredictorAlreadyExists, PredictorPermissionDenied, PredictorUnauthenticated,
     PredictorUnsupported, PredictorTimeout, PredictorInternal)
 #: the predictor's HTTP status or gRPC code -> the class with that row in the error table

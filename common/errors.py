@@ -39,6 +39,11 @@ class PayloadTooLarge(ServerError):
     """The request is larger than the configured limit."""
 
 
+class Overloaded(ServerError):
+    """The model has as many requests queued as it may (``--max-queued-requests``): refused at once rather
+    than queued behind them; the client may retry later."""
+
+
 class FailedPrecondition(ServerError):
     """The request is valid but the model cannot honour it (e.g. compile failure)."""
 
@@ -75,6 +80,7 @@ _TABLE: dict[type[ServerError], tuple[int, str]] = {
     NotFound: (404, "NOT_FOUND"),
     Unavailable: (503, "UNAVAILABLE"),
     PayloadTooLarge: (413, "RESOURCE_EXHAUSTED"),
+    Overloaded: (429, "RESOURCE_EXHAUSTED"),
     FailedPrecondition: (412, "FAILED_PRECONDITION"),
     AlreadyExists: (409, "ALREADY_EXISTS"),
     Unauthenticated: (401, "UNAUTHENTICATED"),

@@ -101,6 +101,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
          "(0 = off; needs a dynamic batch dimension)")
     _add(one, "--max-queue-delay-us", int, d.max_queue_delay_us,
          "dynamic batching: microseconds a request may wait for others to join its batch")
+    _add(one, "--max-queued-requests", int, d.max_queued_requests,
+         "load shedding: requests that may wait per model beyond those running; past it a request is refused at "
+         "once, 429 / RESOURCE_EXHAUSTED (0 = no bound)")
     _add(one, "--plugin-config", _json_object, {},
          "OpenVINO properties as a JSON object, e.g. '{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'")
     ts = serve.add_argument_group("TorchServe's gRPC APIs (docs/torchserve.md)")

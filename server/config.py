@@ -127,6 +127,8 @@ class Settings(ProcessSettings):
     #: Model defaults: dynamic batching (0 = off) and how long a batch waits to fill.
     max_batch_size: int = 0
     max_queue_delay_us: int = 0
+    #: Model defaults: requests that may queue per model beyond those running (0 = no bound); past it, 429.
+    max_queued_requests: int = 0
     #: TorchServe's gRPC inference API port (None = off, 0 = an ephemeral port, logged at start).
     ts_inference_port: int | None = None
     #: TorchServe's gRPC management API port (None = off, 0 = an ephemeral port).

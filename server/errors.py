@@ -14,6 +14,7 @@ from ovserve.common.errors import (
     InternalError,
     InvalidInput,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
     PermissionDenied,
     ServerError,
@@ -26,6 +27,6 @@ from ovserve.common.errors import (
 )
 
 __all__ = ["ServerError", "InvalidInput", "NotFound", "Unavailable", "PayloadTooLarge", "FailedPrecondition",
-           "AlreadyExists", "PermissionDenied", "Unauthenticated",
+           "AlreadyExists", "PermissionDenied", "Unauthenticated", "Overloaded",
            "Unsupported", "DeadlineExceeded", "InternalError", "HTTP_STATUS", "GRPC_STATUS", "statuses",
            "http_status", "grpc_status"]

@@ -32,6 +32,7 @@ def make_source(settings: Settings) -> Source:
         plugin_config=dict(settings.plugin_config),
         max_batch_size=settings.max_batch_size,
         max_queue_delay_us=settings.max_queue_delay_us,
+        max_queued_requests=settings.max_queued_requests,
     )
     mode = settings.mode()
     if mode == "config":

@@ -11,6 +11,7 @@ EXPECTED = [
     (errors.NotFound, 404, grpc.StatusCode.NOT_FOUND),
     (errors.Unavailable, 503, grpc.StatusCode.UNAVAILABLE),
     (errors.PayloadTooLarge, 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Overloaded, 429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.FailedPrecondition, 412, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.AlreadyExists, 409, grpc.StatusCode.ALREADY_EXISTS),
     (errors.PermissionDenied, 403, grpc.StatusCode.PERMISSION_DENIED),

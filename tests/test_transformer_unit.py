@@ -34,6 +34,14 @@ def test_predictor_http_errors_keep_their_status(status: int, grpc: str) -> None
     assert http_status(back) == status and grpc_status(back) == grpc
 
 
+def test_predictor_overloaded_keeps_its_429_and_resource_exhausted_stays_payload_too_large() -> None:
+    err = client_errors.error_from_http(429, "model 'm' has 8 requests queued")
+    assert isinstance(err, client_errors.PredictorOverloaded)
+    assert http_status(err) == 429 and grpc_status(err) == "RESOURCE_EXHAUSTED"
+    # one gRPC code for both: the older meaning (413) wins, as before 429 existed
+    assert http_status(client_errors.error_from_grpc("RESOURCE_EXHAUSTED", "x")) == 413
+
+
 def test_unusual_statuses_map_to_the_nearest_class() -> None:
     assert http_status(client_errors.error_from_http(422, "bad")) == 400
     assert http_status(client_errors.error_from_http(502, "bad gateway")) == 500

@@ -59,7 +59,7 @@ class ModelConfig:
 
 _ALLOWED = {
     "name", "base_path", "model_version_policy", "shape", "layout", "batch_size",
-    "nireq", "target_device", "plugin_config", "max_batch_size", "max_queue_delay_us",
+    "nireq", "target_device", "plugin_config", "max_batch_size", "max_queue_delay_us", "max_queued_requests",
 }
 
 
@@ -133,6 +133,7 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int, defaults: LoadOpti
     nireq = _count(cfg, "nireq", defaults.nireq, where, MAX_NIREQ)
     max_batch_size = _count(cfg, "max_batch_size", defaults.max_batch_size, where)
     max_queue_delay_us = _count(cfg, "max_queue_delay_us", defaults.max_queue_delay_us, where)
+    max_queued_requests = _count(cfg, "max_queued_requests", defaults.max_queued_requests, where)
     plugin = cfg.get("plugin_config", {})
     if isinstance(plugin, str):
         # OVMS takes plugin_config as a JSON string too; the string is a document of its own.
@@ -160,6 +161,7 @@ def parse_model_entry(entry: Any, base_dir: Path, index: int, defaults: LoadOpti
         plugin_config=plugin,
         max_batch_size=max_batch_size,
         max_queue_delay_us=max_queue_delay_us,
+        max_queued_requests=max_queued_requests,
     )
     policy = VersionPolicy.parse(cfg.get("model_version_policy"), where)
     return ModelConfig(name, path, policy, options, json.dumps(cfg, sort_keys=True), notes)

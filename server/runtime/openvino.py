@@ -23,7 +23,7 @@ import openvino as ov
 
 from ovserve.common.codecs.datatypes import OV_TO_V2
 
-from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
+from ..errors import FailedPrecondition, InternalError, InvalidInput, Overloaded, ServerError
 from ..types import Dim, PortInfo
 from . import cpus
 from .failures import inference_error
@@ -59,6 +59,9 @@ class LoadOptions:
     max_batch_size: int = 0
     #: how long the first request of a batch waits for others to join
     max_queue_delay_us: int = 0
+    #: requests that may wait for an infer request (or a batch) beyond those running; past it a request is
+    #: refused at once, Overloaded (429 / RESOURCE_EXHAUSTED). 0: no bound.
+    max_queued_requests: int = 0
 
 
 def _port_name(port: Any) -> str:
@@ -287,6 +290,8 @@ class OpenVINOModel:
         #: OpenVINO execution streams (ovms_streams; 0 where the device does not say)
         self.streams = 0
         self.batcher: DynamicBatcher | None = None
+        #: requests inside :meth:`infer` (running or queued), counted only while max_queued_requests bounds them
+        self.admitted = 0
         #: this version's metric series while metrics are on (set by the data plane once it is AVAILABLE)
         self.metrics: VersionSeries | None = None
 
@@ -377,7 +382,25 @@ class OpenVINOModel:
 
     # -- inference ---------------------------------------------------------
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one inference on ``inputs`` (name -> array); returns name -> array."""
+        """Run one inference on ``inputs`` (name -> array); returns name -> array.
+
+        With ``max_queued_requests``, a request that would wait behind that many others (beyond what the
+        infer requests run at once: ``nireq``, times ``max_batch_size`` when batching) is refused at once,
+        before it holds anything, and the requests already admitted are not slowed by it."""
+        bound = self.options.max_queued_requests
+        if bound > 0:
+            running = self.nireq * (self.options.max_batch_size if self.batcher is not None else 1)
+            if self.admitted >= running + bound:
+                raise Overloaded(f"overloaded: {bound} requests are queued for this model already "
+                                 f"(max_queued_requests); retry later")
+            self.admitted += 1
+            try:
+                return await self._infer(inputs)
+            finally:
+                self.admitted -= 1
+        return await self._infer(inputs)
+
+    async def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.batcher is not None:
             return await self.batcher.infer(inputs)
         return await self.run(inputs)

@@ -1,0 +1,128 @@
+"""Load shedding (``--max-queued-requests``, ``max_queued_requests`` per model in config.json), on a real
+server flooded while its slow model is busy.
+
+The slow model (tests/models.py) runs one infer request (nireq 1). A long request occupies it; then a
+flood of small ones arrives over REST and gRPC. Past the bound each is refused at once (429 /
+RESOURCE_EXHAUSTED), answered while the long one still runs; the ones admitted all succeed, with the
+right answer. No timing is asserted, only the order of the answers.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+from tritonclient.utils import InferenceServerException
+
+from . import models
+from .clients import post
+from .servers import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+#: rows of the request that keeps the one infer request busy (about 2.5 s on two idle cores)
+LONG_ROWS = 4096
+FLOOD = 8
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    base = tmp_path_factory.mktemp("shed")
+    models.put_version(models.slow(1), base / "slow", 1)
+    config = models.write_config(base / "config.json", [
+        {"name": "own_bound", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 2},
+        {"name": "flag_bound", "base_path": str(base / "slow"), "nireq": 1},  # --max-queued-requests 1
+        {"name": "unbounded", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 0},
+    ])
+    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1"])
+    try:
+        yield proc.wait_ready(timeout=180)
+    finally:
+        proc.stop()
+
+
+def rest_infer(url: str, model: str, x: np.ndarray) -> tuple[int, object]:
+    raw = np.ascontiguousarray(x, np.float32).tobytes()
+    header = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(raw)}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    status, headers, content = post(f"{url}/v2/models/{model}/infer", header + raw, timeout=120, headers={
+        "Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+    if status != 200:
+        return status, json.loads(content)["error"]
+    n = int(headers["Inference-Header-Content-Length"])
+    shape = json.loads(content[:n])["outputs"][0]["shape"]
+    return status, np.frombuffer(content[n:], np.float32).reshape(shape)
+
+
+def grpc_infer(target: str, model: str, x: np.ndarray) -> tuple[int, object]:
+    """(200, y) or (429, message) for RESOURCE_EXHAUSTED; anything else is raised."""
+    client = tgrpc.InferenceServerClient(target)
+    inp = tgrpc.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    try:
+        return 200, client.infer(model, [inp], client_timeout=120).as_numpy("y")
+    except InferenceServerException as exc:
+        if exc.status() == "StatusCode.RESOURCE_EXHAUSTED":
+            return 429, exc.message()
+        raise
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("model, bound", [("own_bound", 2), ("flag_bound", 1), ("unbounded", None)])
+def test_a_flood_past_the_bound_is_refused_at_once_and_the_admitted_all_succeed(
+        server: ServerProcess, model: str, bound: int | None) -> None:
+    rng = np.random.default_rng(7)
+    order: list[tuple[str, int]] = []  # (who, status) in the order the answers came
+    lock = threading.Lock()
+    results: dict[str, tuple[int, object, np.ndarray]] = {}
+
+    def call(who: str, how: str, x: np.ndarray) -> None:
+        status, got = (grpc_infer(server.grpc_target, model, x) if how == "grpc"
+                       else rest_infer(server.url, model, x))
+        with lock:
+            order.append((who, status))
+            results[who] = (status, got, x)
+
+    def rows(n: int) -> np.ndarray:
+        """Small integers: exact in any precision the CPU plugin picks, so the answers compare exactly."""
+        return rng.integers(-64, 64, (n, models.SLOW_K)).astype(np.float32)
+
+    long_x = rows(LONG_ROWS)
+    long = threading.Thread(target=call, args=("long", "rest", long_x))
+    long.start()
+    # the long request is admitted first, then the flood arrives while it runs (it runs for seconds; sent,
+    # read and started well within this pause, which orders the two and asserts nothing about speed)
+    time.sleep(1.0)
+    flood = [threading.Thread(target=call, args=(f"flood-{i}", "grpc" if i % 2 else "rest",
+                                                 rows(1)))
+             for i in range(FLOOD)]
+    for t in flood:
+        t.start()
+    for t in [long, *flood]:
+        t.join(180)
+    assert len(results) == FLOOD + 1
+    assert results["long"][0] == 200, "the long request was not admitted first: " + str(results["long"][1])
+    admitted = {who for who, (status, _, _) in results.items() if status == 200}
+    refused = {who for who, (status, _, _) in results.items() if status == 429}
+    assert admitted | refused == set(results), results  # nothing admitted failed, nothing else happened
+    for who in admitted:
+        _, y, x = results[who]
+        np.testing.assert_array_equal(y, models.slow_expected(x, 1))
+    if bound is None:
+        assert not refused
+        return
+    for who in refused:
+        assert "overloaded" in str(results[who][1]) and "max_queued_requests" in str(results[who][1])
+    # while the long one ran, `bound` of the flood waited; the rest were refused
+    assert len(admitted) - 1 == bound, order
+    # refused at once: every refusal came back before the long request's answer
+    finished = [who for who, _ in order]
+    assert max(finished.index(who) for who in refused) < finished.index("long"), order
+
