@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-COMMANDS = ("serve", "demo", "storage-initializer", "transformer", "explainer", "run")
+COMMANDS = ("serve", "demo", "storage-initializer", "transformer", "explainer", "run", "infer")
 
 
 def ovserve(*args: str) -> subprocess.CompletedProcess:
@@ -52,5 +52,5 @@ def test_serve_does_not_import_the_other_components() -> None:
     loaded = set(done.stdout.split())
     for module in ("ovserve.server.storage", "ovserve.operator.local.command", "ovserve.operator.local.processes",
                    "ovserve.server.components.transformer_server", "ovserve.server.components.explainer",
-                   "aiohttp", "yaml"):
+                   "ovserve.client.cli", "aiohttp", "yaml"):
         assert module not in loaded
