@@ -202,6 +202,21 @@ def test_grpc_stream_needs_the_token(server: ServerProcess) -> None:
     np.testing.assert_array_equal(results[0][0].as_numpy("y"), X + 1)
 
 
+def test_native_grpc_engine_checks_tokens_too(repo: Path, tokens: tuple[Path, Path], start_server) -> None:
+    pytest.importorskip("pygrpc_native")
+    server = start_server("--model-repository", repo, "--poll-interval", "0", "--grpc-engine", "native",
+                          "--auth-token-file", tokens[0])
+    client = tgrpc.InferenceServerClient(server.grpc_target)
+    assert client.is_server_live()
+    inp = tgrpc.InferInput("x", [1, 16], "FP32")
+    inp.set_data_from_numpy(X)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("add", [inp])
+    assert err.value.status() == "StatusCode.UNAUTHENTICATED" and err.value.message() == REFUSED
+    y = client.infer("add", [inp], headers=bearer(INFERENCE_TOKENS[0])).as_numpy("y")
+    np.testing.assert_array_equal(y, X + 1)
+
+
 @pytest.mark.parametrize("listener", ["grpc", "ts-inference", "ts-management"])
 def test_grpc_health_is_open_on_every_listener(server: ServerProcess, listener: str) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{server.ports[listener]}") as channel:
