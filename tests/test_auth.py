@@ -68,7 +68,7 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def server(repo: Path, tokens: tuple[Path, Path]) -> Iterator[ServerProcess]:
     proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
                           "--auth-token-file", str(tokens[0]), "--auth-management-token-file", str(tokens[1]),
-                          "--ts-inference-port", "0", "--ts-management-port", "0"])
+                          "--ts-inference-port", "0", "--ts-management-port", "0", "--metrics-enable"])
     try:
         yield proc.wait_ready()
     finally:
@@ -132,6 +132,12 @@ def test_curl_bearer_scheme_in_lower_case(server: ServerProcess) -> None:
     resp = requests.get(f"{server.url}/v2/models/add", headers={"authorization": f"bearer {INFERENCE_TOKENS[1]}"},
                         timeout=10)
     assert resp.status_code == 200 and resp.json()["name"] == "add"
+
+
+def test_metrics_on_the_rest_port_take_an_inference_token(server: ServerProcess) -> None:
+    assert requests.get(f"{server.url}/metrics", timeout=10).status_code == 401
+    resp = requests.get(f"{server.url}/metrics", headers=bearer(INFERENCE_TOKENS[0]), timeout=10)
+    assert resp.status_code == 200 and "ovms_requests_success" in resp.text
 
 
 def test_repository_api_takes_the_management_token_only(server: ServerProcess) -> None:
