@@ -16,6 +16,7 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
@@ -39,11 +40,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         {"name": "flag_bound", "base_path": str(base / "slow"), "nireq": 1},  # --max-queued-requests 1
         {"name": "unbounded", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 0},
     ])
-    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1"])
+    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1",
+                          "--metrics-enable"])
     try:
         yield proc.wait_ready(timeout=180)
     finally:
         proc.stop()
+
+
+def shed_count(server: ServerProcess, model: str) -> float:
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    series = f'ovserve_requests_shed_total{{name="{model}",version="1"}} '
+    (line,) = [line for line in text.splitlines() if line.startswith(series)]
+    return float(line.split()[-1])
 
 
 def rest_infer(url: str, model: str, x: np.ndarray) -> tuple[int, object]:
@@ -115,6 +124,7 @@ def test_a_flood_past_the_bound_is_refused_at_once_and_the_admitted_all_succeed(
     for who in admitted:
         _, y, x = results[who]
         np.testing.assert_array_equal(y, models.slow_expected(x, 1))
+    assert shed_count(server, model) == len(refused)  # counted in the metrics
     if bound is None:
         assert not refused
         return

@@ -391,6 +391,8 @@ class OpenVINOModel:
         if bound > 0:
             running = self.nireq * (self.options.max_batch_size if self.batcher is not None else 1)
             if self.admitted >= running + bound:
+                if self.metrics is not None:
+                    self.metrics.shed_request()  # ovserve_requests_shed_total
                 raise Overloaded(f"overloaded: {bound} requests are queued for this model already "
                                  f"(max_queued_requests); retry later")
             self.admitted += 1
