@@ -11,6 +11,7 @@ RSS is read from each server before any request. With metrics on, /metrics is sc
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from pathlib import Path
 from . import models, report, servers
 from .loadgen import Case
 from .measure import run_case, wait_quiet
+from .specs import spec_of
 
 SETTLE = 2.0
 
@@ -33,6 +35,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--rounds", type=int, default=3, help="off/on pairs, the order alternating")
     p.add_argument("--wait-quiet", type=float, default=60, metavar="SECONDS")
+    p.add_argument("--no-paths", dest="paths", action="store_false",
+                   help="skip the in-process A/B of the request paths")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="also write the table there")
     return p.parse_args(argv)
 
@@ -54,6 +58,99 @@ def hook_cost_us(n: int = 200_000) -> float:
         series.inferred(0.00012)
         done(call, "add", "", True, t)
     return (time.perf_counter() - started) / n * 1e6
+
+
+async def _paths(repo: Path, blocks: int, per_block: int) -> dict[str, tuple[float, float]]:
+    """Microseconds per request of ovserve's own request paths, in process, metrics off and on: the KServe
+    gRPC servicer's ModelInfer (protobuf in and out, the decorators, the data plane, OpenVINO) and the REST
+    app's V2 infer (the ASGI app from the first byte of the body to the last of the answer). Off and on
+    alternate block by block on one server, so that the machine's drift falls on both alike; the
+    median block of each."""
+    import numpy as np
+
+    from ovserve.common.proto import grpc_predict_v2_pb2 as pb
+    from ovserve.server.metrics import calls
+    from ovserve.server.metrics.registry import Metrics
+    from ovserve.server.model_server import ModelServer
+    from ovserve.server.repository.config import SingleModelSource
+    from ovserve.server.repository.manager import ModelManager
+    from ovserve.server.runtime.openvino import LoadOptions
+    from ovserve.server.transports.grpc_v2.servicer import InferenceServicer
+    from ovserve.server.transports.rest.app import create_app
+
+    options = LoadOptions(plugin_config=dict(spec_of("add").plugin_config))
+    metrics = Metrics(calls=calls.REST_CALLS + calls.GRPC_CALLS)
+    server = ModelServer(ModelManager(SingleModelSource("add", repo / "add", options), poll_interval=0),
+                         metrics=metrics)
+    await server.start()
+    model = server.manager.version("add").model
+    assert model is not None
+    assert model.metrics is not None
+    series = model.metrics
+    grpc_on = InferenceServicer(server)
+    rest_on = create_app(server, 1 << 20)
+    server.metrics = None
+    grpc_off = InferenceServicer(server)
+    rest_off = create_app(server, 1 << 20)
+    server.metrics = metrics
+
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    request = pb.ModelInferRequest(model_name="add", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="x", datatype="FP32", shape=[1, 16])], raw_input_contents=[x.tobytes()])
+
+    class Context:
+        def invocation_metadata(self) -> tuple[()]:
+            return ()
+
+        async def abort(self, code: object, details: str) -> None:
+            raise RuntimeError(details)
+
+    context = Context()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v2/models/add/infer", "raw_path": b"/v2/models/add/infer", "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                          (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080)}
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    statuses: list[int] = []
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def grpc_block(servicer: InferenceServicer) -> float:
+        started = time.perf_counter()
+        for _ in range(per_block):
+            await servicer.ModelInfer(request, context)
+        return (time.perf_counter() - started) / per_block * 1e6
+
+    async def rest_block(app: object) -> float:
+        started = time.perf_counter()
+        for _ in range(per_block):
+            await app(dict(scope), receive, send)  # type: ignore[operator]
+        return (time.perf_counter() - started) / per_block * 1e6
+
+    results: dict[str, dict[str, list[float]]] = {"grpc": {"off": [], "on": []}, "rest-json": {"off": [], "on": []}}
+    for block in range(blocks):
+        for mode in (("off", "on") if block % 2 == 0 else ("on", "off")):
+            model.metrics = series if mode == "on" else None
+            results["grpc"][mode].append(await grpc_block(grpc_on if mode == "on" else grpc_off))
+            results["rest-json"][mode].append(await rest_block(rest_on if mode == "on" else rest_off))
+    model.metrics = series
+    assert set(statuses) == {200}, set(statuses)
+    await server.stop()
+    return {k: (statistics.median(v["off"]), statistics.median(v["on"])) for k, v in results.items()}
+
+
+def request_paths_us(repo: Path, blocks: int = 10, per_block: int = 2000) -> dict[str, tuple[float, float]]:
+    import asyncio
+
+    return asyncio.run(_paths(repo, blocks, per_block))
 
 
 def successes(port: int) -> float:
@@ -102,6 +199,7 @@ def main(argv: list[str]) -> int:
                         counted = successes(server.rest_port)
                         if counted < answered:
                             raise RuntimeError(f"metrics counted {counted:.0f} successes for {answered} answered")
+        paths = request_paths_us(Path(tmp)) if args.paths else {}
     lines = [f"# Metrics on vs off ({started})", "",
              (f"`python -m bench.metrics_cost {' '.join(argv)}`: add model, concurrency {args.concurrency}, "
              f"{args.duration:g} s per case, {args.rounds} rounds (medians)."), "",
@@ -113,6 +211,10 @@ def main(argv: list[str]) -> int:
         p99_off, p99_on = (statistics.median(p99[(protocol, m)]) for m in ("off", "on"))
         lines.append(f"| {protocol} | {off:.0f} | {on:.0f} | {on / off:.3f} | {p99_off:.2f} | {p99_on:.2f} | "
                      f"{cpu_off:.0f} | {cpu_on:.0f} |")
+    lines += ["", ("The request paths in process (one server, off and on alternated block by block; "
+                  "us per request, medians):"), "", "| path | off us | on us | on/off |", "|---|---|---|---|"]
+    for name, (off_us, on_us) in paths.items():
+        lines.append(f"| {name} | {off_us:.1f} | {on_us:.1f} | {on_us / off_us:.3f} |")
     hooks = hook_cost_us()
     cheapest = min(statistics.median(cpu_us[(p, "off")]) for p in protocols)
     lines += ["", (f"The hooks in process: {hooks:.2f} us per answered inference (outcome, wait, inference), "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a dict look-up per request stays cheap
 class Call:
     """What a request was, as OVMS labels it: ``api``, ``interface``, ``method``."""
 

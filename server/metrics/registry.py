@@ -24,6 +24,8 @@ from ovserve.common.exposition import Counter, Family, Histogram, Key, Number, r
 from .calls import Call
 from .families import BY_NAME, DEFAULT, SPECS
 
+#: a call's success counter, failure counter and time histogram (None where the family is off)
+Entry = tuple[Counter | None, Counter | None, Histogram | None]
 #: what the gauges of one version read at a scrape: requests in process, OpenVINO streams,
 #: infer requests (nireq), infer requests in use
 Live = tuple[int, int, int, int]
@@ -39,7 +41,8 @@ class VersionSeries:
     def __init__(self, m: Metrics, name: str, version: str) -> None:
         self.name, self.version = name, version
         key = (name, version)
-        self.calls: dict[Call, tuple[Counter | None, Counter | None]] = {}
+        #: per call: its success and failure counters, and its time histogram (None: off or not timed)
+        self.calls: dict[Call, Entry] = {}
         self.request_time: dict[str, Histogram] = {}
         self.inference = _histogram(m, "ovms_inference_time_us", key)
         self.wait = _histogram(m, "ovms_wait_for_infer_req_time_us", key)
@@ -99,7 +102,7 @@ class ModelSeries:
 
     def __init__(self) -> None:
         self.versions: dict[str, VersionSeries] = {}
-        self.calls: dict[Call, tuple[Counter | None, Counter | None]] = {}
+        self.calls: dict[Call, Entry] = {}
         self.default: VersionSeries | None = None
 
 
@@ -138,7 +141,7 @@ class Metrics:
         if series is None:
             series = model.versions[version] = VersionSeries(self, name, version)
             for call in self.calls:
-                self._pair(model, series, call)
+                self._entry(model, series, call)
         return series
 
     def versions_of(self, name: str) -> list[VersionSeries]:
@@ -151,16 +154,18 @@ class Metrics:
         if model is not None:
             model.default = None
 
-    def _pair(self, model: ModelSeries, series: VersionSeries,
-              call: Call) -> tuple[Counter | None, Counter | None]:
+    def _entry(self, model: ModelSeries, series: VersionSeries, call: Call) -> Entry:
         key: Key = (call.api, call.interface, call.method, series.name, series.version if call.versioned else None)
-        pair = (self._success.counter(*key) if self._success is not None else None,
-                self._fail.counter(*key) if self._fail is not None else None)
-        (series.calls if call.versioned else model.calls)[call] = pair
-        if call.timed and self._request_time is not None and call.interface not in series.request_time:
-            series.request_time[call.interface] = self._request_time.histogram(call.interface, series.name,
-                                                                               series.version)
-        return pair
+        timer = None
+        if call.timed and self._request_time is not None:
+            timer = series.request_time.get(call.interface)
+            if timer is None:
+                timer = series.request_time[call.interface] = self._request_time.histogram(
+                    call.interface, series.name, series.version)
+        entry = (self._success.counter(*key) if self._success is not None else None,
+                 self._fail.counter(*key) if self._fail is not None else None, timer)
+        (series.calls if call.versioned else model.calls)[call] = entry
+        return entry
 
     # -- the request-outcome hook ----------------------------------------------------------------------
     def done(self, call: Call, name: str, version: str, ok: bool, started: float) -> None:
@@ -172,14 +177,14 @@ class Metrics:
         series = (model.versions.get(version) if version else model.default) or self._resolved(model, name, version)
         if series is None:
             return
-        pair = (series.calls if call.versioned else model.calls).get(call) or self._pair(model, series, call)
-        counter = pair[0] if ok else pair[1]
-        if counter is not None:
-            counter.value += 1
-        if ok and call.timed:  # as OVMS: the time of the inferences answered
-            h = series.request_time.get(call.interface)
-            if h is not None:
-                h.observe(int((time.perf_counter() - started) * 1_000_000))
+        entry = (series.calls if call.versioned else model.calls).get(call) or self._entry(model, series, call)
+        if ok:
+            if entry[0] is not None:
+                entry[0].value += 1
+            if entry[2] is not None:  # as OVMS: the time of the inferences answered
+                entry[2].observe(int((time.perf_counter() - started) * 1_000_000))
+        elif entry[1] is not None:
+            entry[1].value += 1
 
     def _resolved(self, model: ModelSeries, name: str, version: str) -> VersionSeries | None:
         label = self.resolve(name, version)
