@@ -12,6 +12,11 @@ Kinds:
 - ``grpc``: KServe V2 ``ModelInfer`` on pre-serialized protobuf bytes, all
   workers sharing one HTTP/2 connection as one gRPC channel would, through
   :mod:`bench.h2grpc` (or grpcio's ``grpc.aio`` with ``grpc_client="aio"``).
+- ``ts-grpc``: TorchServe's ``Predictions`` (its gRPC inference API, served
+  by ovserve with ``--ts-inference-port`` and by TorchServe itself) on the
+  same HTTP/2 client: a pre-serialized ``PredictionsRequest`` whose input
+  ``data`` is the ``image`` file's bytes; the first answer must be TorchServe's
+  image classifier's top 5 (``{label: probability}``, descending).
 - ``rest-json`` / ``rest-binary``: KServe V2 ``/infer`` over keep-alive
   HTTP/1.1, one connection per worker, on raw asyncio sockets with the whole
   request (headers and body) pre-built; the binary form uses the binary
@@ -53,13 +58,14 @@ import numpy as np
 from .specs import ModelSpec, spec_of
 
 GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+TS_METHOD = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions"
 #: Most latencies kept per run (a run is bounded by this many requests too).
 MAX_REQUESTS = 2_000_000
 
 
 @dataclass
 class Case:
-    kind: str  # grpc, rest-json, rest-binary, raw-sync, raw-async
+    kind: str  # grpc, ts-grpc, rest-json, rest-binary, raw-sync, raw-async
     model: str
     concurrency: int
     duration: float
@@ -228,6 +234,13 @@ def grpc_image_request(spec: ModelSpec, image: bytes) -> bytes:
     return req.SerializeToString()
 
 
+def ts_request(spec: ModelSpec, image: bytes) -> bytes:
+    """TorchServe's PredictionsRequest: the encoded image as input ``data`` (what its handlers read)."""
+    from ovserve.common.proto.torchserve import inference_pb2 as pb
+
+    return pb.PredictionsRequest(model_name=spec.name, input={"data": image}).SerializeToString()
+
+
 def http_image_request(spec: ModelSpec, image: bytes, host: str, port: int) -> bytes:
     """BYTES [1] over the binary extension: one element, prefixed by its 4-byte little-endian length."""
     raw = struct.pack("<I", len(image)) + image
@@ -281,6 +294,21 @@ def decode_grpc(data: bytes) -> np.ndarray:
     if resp.raw_output_contents:
         return np.frombuffer(resp.raw_output_contents[0], dtype=np.float32).reshape(tuple(out.shape))
     return np.asarray(out.contents.fp32_contents, dtype=np.float32).reshape(tuple(out.shape))
+
+
+def check_ts_answer(data: bytes) -> str:
+    """'' when ``data`` (a PredictionResponse) holds an image classifier's top 5, else what is wrong."""
+    from ovserve.common.proto.torchserve import inference_pb2 as pb
+
+    try:
+        top = json.loads(pb.PredictionResponse.FromString(data).prediction)
+    except ValueError as exc:
+        return f"the prediction is not JSON: {exc}"
+    probs = list(top.values()) if isinstance(top, dict) else []
+    if len(probs) != 5 or not all(isinstance(p, float) and 0 <= p <= 1 for p in probs) or probs != sorted(
+            probs, reverse=True):
+        return f"not a top 5 of {{label: probability}} in descending order: {str(top)[:200]}"
+    return ""
 
 
 def decode_http(headers: bytes, body: bytes) -> np.ndarray:
@@ -449,8 +477,8 @@ def recorder(case: Case) -> Recorder:
     return TimedRecorder(case.max_requests) if case.window > 0 else Recorder(case.max_requests)
 
 
-async def first_answer(call: Call, spec: ModelSpec, x: np.ndarray, decode: Callable[[object], np.ndarray]) -> str:
-    """'' when the first answer is right, else why not."""
+async def checked_first(call: Call, check: Callable[[object], str]) -> str:
+    """'' when the first answer passes ``check``, else why not."""
     try:
         ok, detail = await call()
     except Exception as exc:
@@ -458,25 +486,42 @@ async def first_answer(call: Call, spec: ModelSpec, x: np.ndarray, decode: Calla
     if not ok:
         return str(detail)
     try:
-        return check_output(spec, x, decode(detail))
+        return check(detail)
     except Exception as exc:
         return f"cannot decode the answer: {type(exc).__name__}: {exc}"
 
 
+async def first_answer(call: Call, spec: ModelSpec, x: np.ndarray, decode: Callable[[object], np.ndarray]) -> str:
+    """'' when the first answer is the model's answer to ``x``, else why not."""
+    return await checked_first(call, lambda detail: check_output(spec, x, decode(detail)))
+
+
+def grpc_unary(case: Case, spec: ModelSpec, x: np.ndarray) -> tuple[str, bytes, Callable[[object], str]]:
+    """The gRPC method, the request message and the first answer's check of a ``grpc`` or ``ts-grpc`` case."""
+    if case.kind == "ts-grpc":
+        if not case.image:
+            raise SystemExit("ts-grpc sends an image: give the case an image file")
+        return TS_METHOD, ts_request(spec, _image(case)), check_ts_answer  # type: ignore[return-value]
+    payload = grpc_image_request(spec, _image(case)) if case.image else grpc_request(spec, x)
+    return GRPC_METHOD, payload, lambda body: check_output(spec, x, decode_grpc(body))  # type: ignore[arg-type]
+
+
 async def run_grpc(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
-    """ModelInfer on one HTTP/2 connection, as one gRPC channel would."""
+    """A unary method (ModelInfer, or TorchServe's Predictions) on one HTTP/2 connection, as one gRPC channel
+    would."""
     from . import h2grpc
 
+    method, payload, check = grpc_unary(case, spec, x)
     conn = await h2grpc.connect(case.host, case.port)
-    block = h2grpc.request_block(GRPC_METHOD, f"{case.host}:{case.port}")
-    message = h2grpc.grpc_message(grpc_image_request(spec, _image(case)) if case.image else grpc_request(spec, x))
+    block = h2grpc.request_block(method, f"{case.host}:{case.port}")
+    message = h2grpc.grpc_message(payload)
 
     async def call() -> tuple[bool, object]:
         status, text, body = await conn.call(block, message, case.timeout)
         return (True, body) if status == 0 else (False, f"gRPC status {status}: {text}")
 
     try:
-        problem = await first_answer(call, spec, x, decode_grpc)
+        problem = await checked_first(call, check)
         if problem:
             return Stats(errors=1, first_error=f"first answer: {problem}")
         return await closed_loop(case, [call] * case.concurrency, recorder(case))
@@ -488,10 +533,10 @@ async def run_grpc_aio(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
     """The same through grpcio's own client (dearer per call; for cross-checks)."""
     import grpc
 
-    payload = grpc_image_request(spec, _image(case)) if case.image else grpc_request(spec, x)
+    method, payload, check = grpc_unary(case, spec, x)
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     async with grpc.aio.insecure_channel(f"{case.host}:{case.port}", options=options) as channel:
-        rpc = channel.unary_unary(GRPC_METHOD)
+        rpc = channel.unary_unary(method)
 
         async def call() -> tuple[bool, object]:
             try:
@@ -499,7 +544,7 @@ async def run_grpc_aio(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:
             except grpc.aio.AioRpcError as exc:
                 return False, f"{exc.code().name}: {exc.details()}"
 
-        problem = await first_answer(call, spec, x, decode_grpc)
+        problem = await checked_first(call, check)
         if problem:
             return Stats(errors=1, first_error=f"first answer: {problem}")
         return await closed_loop(case, [call] * case.concurrency, recorder(case))
@@ -554,9 +599,9 @@ def run(case: Case) -> Stats:
         from . import raw
 
         return raw.run(case, spec, x)
-    if case.kind == "grpc" and case.grpc_client == "aio":
+    if case.kind in ("grpc", "ts-grpc") and case.grpc_client == "aio":
         return asyncio.run(run_grpc_aio(case, spec, x))  # grpc.aio brings its own loop integration
-    if case.kind == "grpc":
+    if case.kind in ("grpc", "ts-grpc"):
         return _run_loop(run_grpc(case, spec, x))
     if case.kind in ("rest-json", "rest-binary"):
         return _run_loop(run_http(case, spec, x))
