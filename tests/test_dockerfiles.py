@@ -270,7 +270,7 @@ def test_operator_imports_only_what_its_image_installs() -> None:
                 names.append(node.module or "")
         return names
 
-    allowed = set(sys.stdlib_module_names) | {"kopf", "kubernetes", "requests", "urllib3"}
+    allowed = set(sys.stdlib_module_names) | {"kopf", "kubernetes", "requests", "urllib3", "aiohttp"}
     for path in (ROOT / "operator").glob("*.py"):
         for name in imports(path):
             if name.startswith(("ovserve.operator.", "ovserve.common.")):
