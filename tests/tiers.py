@@ -22,6 +22,7 @@ TIERS = ("unit", "integration", "operator", "local", "e2e", "bench")
 #: modules wholly in one tier other than unit
 MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys([
+        "test_access_log", "test_auth",
         "test_bad_input", "test_cgroup_quota", "test_chart", "test_child", "test_cli", "test_client_compat",
         "test_client_grpc", "test_client_rest", "test_datatypes",
         "test_dockerfiles", "test_explainer", "test_explainer_cat", "test_faults", "test_grpc_engines",
