@@ -65,8 +65,8 @@ def python() -> Path:
 def _works() -> bool:
     if not python().exists():
         return False
-    return subprocess.run([str(python()), "-c", _PROBE], capture_output=True, timeout=300,
-                          check=False).returncode == 0
+    return subprocess.run([str(python()), "-c", _PROBE], capture_output=True, timeout=300, check=False,
+                          env=_own_env()).returncode == 0
 
 
 def installed() -> bool:
@@ -84,11 +84,17 @@ def ensure_venv(log: Callable[[str], None] = print) -> tuple[Path, float]:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, timeout=300)
     pip = [str(python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     # torch alone first: with it installed, nothing after may pull another build of it
-    subprocess.run([*pip, *TORCH], check=True, timeout=INSTALL_TIMEOUT)
-    subprocess.run([*pip, *REQUIREMENTS], check=True, timeout=INSTALL_TIMEOUT)
+    subprocess.run([*pip, *TORCH], check=True, timeout=INSTALL_TIMEOUT, env=_own_env())
+    subprocess.run([*pip, *REQUIREMENTS], check=True, timeout=INSTALL_TIMEOUT, env=_own_env())
     if not _works():
         raise RuntimeError(f"TorchServe's virtualenv in {VENV} cannot `{_PROBE}`")
     return python(), time.monotonic() - t0
+
+
+def _own_env() -> dict[str, str]:
+    """This process's environment without PYTHONPATH: the venv sees its own packages only (the bench runs
+    with the checkout on PYTHONPATH, whose ovserve and folders would otherwise be seen first)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def venv_size_mib() -> float:
@@ -134,7 +140,8 @@ def ensure_java(log: Callable[[str], None] = print) -> tuple[str, float]:
 def versions() -> dict[str, str]:
     code = ("import json; from importlib.metadata import version as v; "
             "print(json.dumps({p: v(p) for p in ('torchserve', 'torch', 'openvino', 'opencv-python-headless')}))")
-    out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                         env=_own_env())
     try:
         found = {f"ts-peer {k}": v for k, v in json.loads(out.stdout).items()}
     except ValueError:
@@ -198,7 +205,7 @@ def build_archive(model_dir: Path, store: Path, tuning: Tuning, tmp: Path) -> Pa
     cmd = [str(VENV / "bin" / "torch-model-archiver"), "--model-name", MODEL, "--version", "1.0",
            "--serialized-file", str(model_dir / "model.xml"), "--extra-files", extra, "--handler", str(HANDLER),
            "--config-file", str(config), "--export-path", str(store), "--force"]
-    subprocess.run(cmd, check=True, timeout=600, env={**os.environ, "TMPDIR": str(staging)},
+    subprocess.run(cmd, check=True, timeout=600, env={**_own_env(), "TMPDIR": str(staging)},
                    capture_output=True, text=True)
     return store / f"{MODEL}.mar"
 
@@ -295,7 +302,8 @@ def start(model_dir: Path, tmp: Path, tuning: Tuning) -> TorchServeProcess:
     private = tmp / "tmp"  # TorchServe's pid file, sockets and unpacked archive: this run's alone
     private.mkdir(exist_ok=True)
     env = {"TMPDIR": str(private), "TEMP": str(private), "LOG_LOCATION": str(tmp / "logs"),
-           "METRICS_LOCATION": str(tmp / "logs"), "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}
+           "METRICS_LOCATION": str(tmp / "logs"), "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": ""}  # (set over this process's environment) the workers import the venv's packages only
     cmd = [str(VENV / "bin" / "torchserve"), "--start", "--foreground", "--ts-config", str(config),
            "--model-store", str(store), "--no-config-snapshots", "--disable-token-auth"]
     return TorchServeProcess(cmd, ports, tmp, env)
