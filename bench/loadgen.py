@@ -236,7 +236,7 @@ def grpc_image_request(spec: ModelSpec, image: bytes) -> bytes:
 
 def ts_request(spec: ModelSpec, image: bytes) -> bytes:
     """TorchServe's PredictionsRequest: the encoded image as input ``data`` (what its handlers read)."""
-    from ovserve.common.proto.torchserve import inference_pb2 as pb
+    from ovserve.client.proto import ts_inference as pb  # the client's private pool: no clash with test-time stubs
 
     return pb.PredictionsRequest(model_name=spec.name, input={"data": image}).SerializeToString()
 
@@ -298,7 +298,7 @@ def decode_grpc(data: bytes) -> np.ndarray:
 
 def check_ts_answer(data: bytes) -> str:
     """'' when ``data`` (a PredictionResponse) holds an image classifier's top 5, else what is wrong."""
-    from ovserve.common.proto.torchserve import inference_pb2 as pb
+    from ovserve.client.proto import ts_inference as pb  # the client's private pool: no clash with test-time stubs
 
     try:
         top = json.loads(pb.PredictionResponse.FromString(data).prediction)

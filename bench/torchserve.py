@@ -87,15 +87,17 @@ class Setup:
 
 
 def predict_once(port: int, image: bytes) -> dict[str, float]:
-    """One Predictions through grpcio (stubs from the project's copy of TorchServe's inference.proto)."""
+    """One Predictions through grpcio (messages from the project's copy of TorchServe's inference.proto)."""
     import grpc
 
-    from ovserve.common.proto.torchserve import inference_pb2 as pb
-    from ovserve.common.proto.torchserve import inference_pb2_grpc as pb_grpc
+    # the client's private descriptor pool: this process may also hold a TorchServe user's own stubs
+    from ovserve.client.proto import ts_inference as pb
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        reply = pb_grpc.InferenceAPIsServiceStub(channel).Predictions(
-            pb.PredictionsRequest(model_name=MODEL, input={"data": image}), timeout=60)
+        predictions = channel.unary_unary("/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions",
+                                          request_serializer=pb.PredictionsRequest.SerializeToString,
+                                          response_deserializer=pb.PredictionResponse.FromString)
+        reply = predictions(pb.PredictionsRequest(model_name=MODEL, input={"data": image}), timeout=60)
     top: dict[str, float] = json.loads(reply.prediction)
     return top
 

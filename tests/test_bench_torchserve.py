@@ -22,7 +22,7 @@ import pytest
 from bench import loadgen, ts_peer
 from bench import torchserve as tsbench
 from bench.measure import Row
-from ovserve.common.proto.torchserve import inference_pb2 as pb
+from ovserve.client.proto import ts_inference as pb  # the client's private pool: no clash with test-time stubs
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP5 = {"Egyptian cat": 0.687, "tiger cat": 0.178, "tabby": 0.116, "plastic bag": 0.0103, "lynx": 0.0054}
