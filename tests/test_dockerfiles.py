@@ -237,7 +237,7 @@ def test_operator_requirements_line_reads_the_wheel(wheel: Path, tmp_path: Path)
     step = step.replace("/tmp/operator-requirements.txt", shlex.quote(str(tmp_path / "req.txt")))
     subprocess.run(["/bin/sh", "-c", step], check=True, timeout=60)
     reqs = [r.split(">")[0].split("=")[0] for r in (tmp_path / "req.txt").read_text().split()]
-    assert sorted(reqs) == ["kopf", "kubernetes", "requests"]
+    assert sorted(reqs) == ["aiohttp", "kopf", "kubernetes", "requests"]
     # the console scripts exist; ovserve-operator --help needs none of its dependencies
     help_text = subprocess.run([str(env_dir / "bin/ovserve-operator"), "--help"], capture_output=True, text=True,
                                timeout=60, check=True).stdout
