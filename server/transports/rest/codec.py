@@ -95,6 +95,16 @@ def parse_request_json(body: memoryview, where: str = "request body") -> Any:
         return parse_json(body, where)
     if not isinstance(doc, simdjson.Object):
         return _plain(doc)
+    try:
+        return _convert(doc)
+    except KeyError:
+        # simdjson looks a key up as a C string: one holding a NUL ("\u0000") is not found again.
+        # orjson, the small bodies' parser, reads the document as it is.
+        return parse_json(body, where)
+
+
+def _convert(doc: Any) -> dict[str, Any]:
+    """A large request's document as Python, each input's ``data`` as a numpy array where it can be."""
     out = {}
     for key in doc:
         value = doc[key]
