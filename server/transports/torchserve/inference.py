@@ -10,9 +10,10 @@ client half-closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
@@ -62,16 +63,9 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
     async def StreamPredictions(self, request: pb.PredictionsRequest,
                                 context: Any) -> AsyncIterator[pb.PredictionResponse]:
         """Every intermediate message in order, then the handler's answer, then OK."""
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        call = asyncio.ensure_future(self.dp.predict(request.model_name, request.model_version, request.input,
-                                                     Metadata(context), request.sequence_id, queue.put_nowait))
-        call.add_done_callback(lambda _: queue.put_nowait(_DONE))
-        try:
-            while (chunk := await queue.get()) is not _DONE:
+        async with contextlib.aclosing(_answers(self.dp, request, context, request.sequence_id)) as answers:
+            async for chunk in answers:
                 yield pb.PredictionResponse(prediction=chunk)
-            yield pb.PredictionResponse(prediction=call.result())
-        finally:
-            call.cancel()
 
     @bidi
     async def StreamPredictions2(self, requests: AsyncIterator[pb.PredictionsRequest],
@@ -81,25 +75,35 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
         try:
             async for msg in requests:
                 seq = msg.sequence_id if msg.HasField("sequence_id") else None
-                queue: asyncio.Queue[Any] = asyncio.Queue()
-                call = asyncio.ensure_future(self.dp.predict(msg.model_name, msg.model_version, msg.input,
-                                                             Metadata(context), seq or "", queue.put_nowait))
-                call.add_done_callback(_closer(queue))
-                if self.metrics is not None:
-                    call.add_done_callback(_counted(self.metrics, msg, time.perf_counter()))
+                counted = None if self.metrics is None else _counted(self.metrics, msg, time.perf_counter())
                 try:
-                    while (chunk := await queue.get()) is not _DONE:
-                        yield pb.PredictionResponse(prediction=chunk, sequence_id=seq)
-                    try:
-                        yield pb.PredictionResponse(prediction=call.result(), sequence_id=seq)
-                    except Exception as exc:
-                        code = (status_of(exc) if isinstance(exc, ServerError) else grpc.StatusCode.INTERNAL).value[0]
-                        yield pb.PredictionResponse(sequence_id=seq, status=status_pb2.Status(
-                            code=code, message=in_band(exc, "StreamPredictions2")))
-                finally:
-                    call.cancel()
+                    async with contextlib.aclosing(_answers(self.dp, msg, context, seq or "", counted)) as answers:
+                        async for chunk in answers:
+                            yield pb.PredictionResponse(prediction=chunk, sequence_id=seq)
+                except Exception as exc:
+                    code = (status_of(exc) if isinstance(exc, ServerError) else grpc.StatusCode.INTERNAL).value[0]
+                    yield pb.PredictionResponse(sequence_id=seq, status=status_pb2.Status(
+                        code=code, message=in_band(exc, "StreamPredictions2")))
         finally:
             self.in_flight.leave()
+
+
+async def _answers(dp: DataPlane, msg: pb.PredictionsRequest, context: Any, sequence_id: str,
+                   on_done: Callable[[asyncio.Future[bytes]], None] | None = None) -> AsyncGenerator[bytes, None]:
+    """One request's messages from its handler: each intermediate one as it comes, then the answer
+    (raising what the handler raised); the handler's call is cancelled if the stream ends first."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    call = asyncio.ensure_future(dp.predict(msg.model_name, msg.model_version, msg.input, Metadata(context),
+                                            sequence_id, queue.put_nowait))
+    call.add_done_callback(lambda _: queue.put_nowait(_DONE))
+    if on_done is not None:
+        call.add_done_callback(on_done)
+    try:
+        while (chunk := await queue.get()) is not _DONE:
+            yield chunk
+        yield call.result()
+    finally:
+        call.cancel()
 
 
 def _counted(metrics: Metrics, msg: pb.PredictionsRequest, started: float) -> Any:
@@ -108,11 +112,6 @@ def _counted(metrics: Metrics, msg: pb.PredictionsRequest, started: float) -> An
         ok = not call.cancelled() and call.exception() is None
         metrics.done(calls.TS_STREAM2, msg.model_name, msg.model_version, ok, started)
     return done
-
-
-def _closer(queue: asyncio.Queue[Any]) -> Any:
-    """A done-callback that ends the queue of one call's messages."""
-    return lambda _: queue.put_nowait(_DONE)
 
 
 def service(dataplane: DataPlane) -> Service:
