@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import textwrap
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -168,3 +169,40 @@ def read_manifest(archive: Path) -> dict[str, Any]:
     """MAR-INF/MANIFEST.json of an archive build_mar wrote, parsed."""
     manifest: dict[str, Any] = json.load(io.BytesIO(archive_files(archive)["MAR-INF/MANIFEST.json"]))
     return manifest
+
+
+#: TorchServe's streaming contract, as its streaming handlers are written: intermediate messages through
+#: send_intermediate_predict_response, then the return value ("n" in, parts 0..n-1 then "done" out)
+STREAM_HANDLER = '''
+    from ts.handler_utils.utils import send_intermediate_predict_response
+
+    def handle(data, context):
+        if data is None:
+            return None
+        n = int(data[0]["data"])
+        for i in range(n):
+            send_intermediate_predict_response([f"part {i}"], context.request_ids, "Intermediate", 200, context)
+        return ["done"]
+'''
+#: a handler that sleeps the seconds it is sent, then answers "slept" (against a response timeout)
+SLOW_HANDLER = '''
+    import time
+
+    def handle(data, context):
+        if data is None:
+            return None
+        time.sleep(float(data[0]["data"]))
+        return ["slept"]
+'''
+
+
+def stage_add_model(root: Path, handlers: Mapping[str, str]) -> tuple[Path, Path, Path]:
+    """The add model (x [-1,16] -> y = x + 1) saved in ``root/build`` beside the handler files (their code
+    dedented), ready for :func:`build_mar`: (the build folder, model.xml, model.bin)."""
+    from . import models
+
+    built = root / "build"
+    model_dir = models.save(models.add_one(), built, "add")
+    for file, code in handlers.items():
+        (built / file).write_text(textwrap.dedent(code))
+    return built, model_dir / "model.xml", model_dir / "model.bin"

@@ -19,7 +19,6 @@ import json
 import shutil
 import ssl
 import subprocess
-import textwrap
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
@@ -28,12 +27,15 @@ from typing import Any
 
 import pytest
 
+from .mar import SLOW_HANDLER, STREAM_HANDLER
 from .servers import ServerProcess
 
 pytestmark = pytest.mark.integration
 
 
 HANDLERS = {
+    "stream_handler.py": STREAM_HANDLER,
+    "slow_handler.py": SLOW_HANDLER,
     # tells what reached it: the input map, headers, sequence id, its model's name and version
     "echo_handler.py": '''
         class Echo:
@@ -53,26 +55,6 @@ HANDLERS = {
                 return out
     ''',
     # TorchServe's streaming contract: intermediate messages, then the return value
-    "stream_handler.py": '''
-        from ts.handler_utils.utils import send_intermediate_predict_response
-
-        def handle(data, context):
-            if data is None:
-                return None
-            n = int(data[0]["data"])
-            for i in range(n):
-                send_intermediate_predict_response([f"part {i}"], context.request_ids, "Intermediate", 200, context)
-            return ["done"]
-    ''',
-    "slow_handler.py": '''
-        import time
-
-        def handle(data, context):
-            if data is None:
-                return None
-            time.sleep(float(data[0]["data"]))
-            return ["slept"]
-    ''',
 }
 
 
@@ -81,15 +63,10 @@ HANDLERS = {
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model store: the add model (x [-1,16] -> y = x + 1) archived with each handler."""
-    from . import models
-    from .mar import build_mar, write_model_config
+    from .mar import build_mar, stage_add_model, write_model_config
 
     root = tmp_path_factory.mktemp("ts-client")
-    built = root / "build"
-    model_dir = models.save(models.add_one(), built, "add")
-    xml, bin_ = model_dir / "model.xml", model_dir / "model.bin"
-    for file, code in HANDLERS.items():
-        (built / file).write_text(textwrap.dedent(code))
+    built, xml, bin_ = stage_add_model(root, HANDLERS)
     out = root / "store"
     build_mar(out, "echo", "1.0", xml, [bin_], handler=built / "echo_handler.py")
     build_mar(out / "v2", "echo", "2.0", xml, [bin_], handler=built / "echo_handler.py")

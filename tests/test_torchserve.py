@@ -8,7 +8,6 @@ grpc_tools (tests/ts_stubs.py), archives made by the real ``torch-model-archiver
 from __future__ import annotations
 
 import json
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import requests
 from google.protobuf import empty_pb2
 
 from . import models
-from .mar import build_mar, write_model_config
+from .mar import SLOW_HANDLER, STREAM_HANDLER, build_mar, stage_add_model, write_model_config
 from .servers import ServerProcess
 from .ts_stubs import ts_stubs
 
@@ -31,6 +30,8 @@ inference_pb2, inference_pb2_grpc = ts.inference_pb2, ts.inference_pb2_grpc
 management_pb2, management_pb2_grpc = ts.management_pb2, ts.management_pb2_grpc
 
 HANDLERS = {
+    "stream_handler.py": STREAM_HANDLER,
+    "slow_handler.py": SLOW_HANDLER,
     # a module with handle(): TorchServe calls handle(None, context) once to initialise it
     "fn_handler.py": '''
         import json
@@ -66,17 +67,6 @@ HANDLERS = {
                          "sequence": context.get_sequence_id(i)} for i in range(len(data))]
     ''',
     # TorchServe's streaming contract: intermediate messages, then the return value
-    "stream_handler.py": '''
-        from ts.handler_utils.utils import send_intermediate_predict_response
-
-        def handle(data, context):
-            if data is None:
-                return None
-            n = int(data[0]["data"])
-            for i in range(n):
-                send_intermediate_predict_response([f"part {i}"], context.request_ids, "Intermediate", 200, context)
-            return ["done"]
-    ''',
     "yield_handler.py": '''
         def handle(data, context):
             if data is None:
@@ -108,15 +98,6 @@ HANDLERS = {
             def handle(self, data, context):
                 return ["never"]
     ''',
-    "slow_handler.py": '''
-        import time
-
-        def handle(data, context):
-            if data is None:
-                return None
-            time.sleep(float(data[0]["data"]))
-            return ["slept"]
-    ''',
 }
 
 
@@ -124,12 +105,8 @@ HANDLERS = {
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model store with archives of the add model (x [-1,16] -> y = x + 1) and its handlers."""
     root = tmp_path_factory.mktemp("ts")
-    built = root / "build"
-    model_dir = models.save(models.add_one(), built, "add")
-    xml, bin_ = model_dir / "model.xml", model_dir / "model.bin"
+    built, xml, bin_ = stage_add_model(root, HANDLERS)
     out = root / "store"
-    for file, code in HANDLERS.items():
-        (built / file).write_text(textwrap.dedent(code))
     build_mar(out, "fn", "1.0", xml, [bin_], handler=built / "fn_handler.py")
     build_mar(out / "v2", "fn", "2.0", xml, [bin_], handler=built / "fn_handler.py")
     build_mar(out, "counter", "1.0", xml, [bin_], handler=built / "class_handler.py",
