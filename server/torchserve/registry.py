@@ -183,7 +183,7 @@ class HandlerRegistry:
         try:
             info = await loop.run_in_executor(None, read_archive, folder)
             name = reg.model_name or info.name
-            label = info.version or "1.0"
+            label = info.version  # required by the manifest reader (a folder: its version number)
             if not name:
                 raise InvalidInput("model_name is required when the archive does not name its model")
             return await self._register(reg, name, label, folder, info)
