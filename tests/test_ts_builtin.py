@@ -95,10 +95,32 @@ def context_for(model: HandlerModel | None, model_dir: Path, name: str = "m") ->
 
 def run(handler: Any, context: Context, batch: list[dict[str, Any]],
         sent: list[tuple[str, Any]] | None = None) -> list[Any]:
-    """What a worker does around one handle() call: the batch's items on the context, then handle."""
-    context.begin([Item(request_id=f"req-{i}") for i in range(len(batch))],
-                  (lambda rid, value: sent.append((rid, value))) if sent is not None else None)
-    return handler.handle(batch, context)
+    """What a worker does around one handle() call: the batch's items on the context, then handle.
+
+    A built-in is run both ways a worker may run it, in a thread (``handle``) and on the model server's
+    event loop (``handle_async``, what ovserve's workers do): the answers, or the errors, must be the same."""
+    def begin() -> None:
+        context.begin([Item(request_id=f"req-{i}") for i in range(len(batch))],
+                      (lambda rid, value: sent.append((rid, value))) if sent is not None else None)
+
+    begin()
+    if not hasattr(handler, "handle_async"):
+        return handler.handle(batch, context)  # type: ignore[no-any-return]
+    loop = handler.model._loop  # the model server's loop, which a HandlerModel awaits on
+
+    async def on_loop() -> list[Any]:
+        begin()
+        return await handler.handle_async(batch, context)  # type: ignore[no-any-return]
+
+    try:
+        answer = handler.handle(batch, context)
+    except Exception as exc:
+        with pytest.raises(type(exc)) as again:
+            asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=300)
+        assert str(again.value) == str(exc)
+        raise
+    assert asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=300) == answer
+    return answer  # type: ignore[no-any-return]
 
 
 def initialized(kind: type[T], context: Context) -> T:

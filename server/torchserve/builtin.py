@@ -16,6 +16,7 @@ Both have TorchServe's handler shape (``initialize(context)``, ``handle(data, co
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -141,10 +142,18 @@ class BuiltinHandler:
         self.context = context
         return self.postprocess(self.inference(self.preprocess(data)))
 
+    async def handle_async(self, data: list[Any], context: Context) -> list[Any]:
+        """:meth:`handle` on the event loop: the same steps, the model awaited rather than waited for."""
+        self.context = context
+        return self.postprocess(await self.inference_async(self.preprocess(data)))
+
     def preprocess(self, data: list[Any]) -> Any:
         raise NotImplementedError
 
     def inference(self, data: Any) -> Any:
+        raise NotImplementedError
+
+    async def inference_async(self, data: Any) -> Any:
         raise NotImplementedError
 
     def postprocess(self, data: Any) -> list[Any]:
@@ -203,10 +212,21 @@ class ImageClassifier(BuiltinHandler):
         try:
             outputs = self.model.infer({self.input.name: data})
         except InvalidInput as exc:
-            order = "" if len(data) == 1 else " (images are the batch's requests in order)"
-            raise InvalidInput(f"image_classifier handler takes a JPEG or PNG image as 'data': "
-                               f"{exc.message}{order}") from None
+            raise self._not_an_image(exc, len(data)) from None
         return classification_output(outputs, len(data), self.model.name)
+
+    async def inference_async(self, data: list[bytes]) -> np.ndarray:
+        assert self.input is not None
+        try:
+            outputs = await self.model.infer_async({self.input.name: data})
+        except InvalidInput as exc:
+            raise self._not_an_image(exc, len(data)) from None
+        return classification_output(outputs, len(data), self.model.name)
+
+    @staticmethod
+    def _not_an_image(exc: InvalidInput, n: int) -> InvalidInput:
+        order = "" if n == 1 else " (images are the batch's requests in order)"
+        return InvalidInput(f"image_classifier handler takes a JPEG or PNG image as 'data': {exc.message}{order}")
 
     def postprocess(self, data: np.ndarray) -> list[dict[str, float]]:
         probs = to_probabilities(data)
@@ -257,6 +277,11 @@ class TensorHandler(BuiltinHandler):
     def inference(self, data: list[TensorRequest]) -> list[tuple[TensorRequest, dict[str, np.ndarray]]]:
         # One model call per request: the requests of a batch may differ in shape (and in form).
         return [(request, self.model.infer(request.inputs)) for request in data]
+
+    async def inference_async(self, data: list[TensorRequest]) -> list[tuple[TensorRequest, dict[str, np.ndarray]]]:
+        # concurrently, as separate V2 requests would be (the model's dynamic batching may join them)
+        outputs = await asyncio.gather(*(self.model.infer_async(request.inputs) for request in data))
+        return list(zip(data, outputs, strict=True))
 
     def postprocess(self, data: list[tuple[TensorRequest, dict[str, np.ndarray]]]) -> list[bytes]:
         out = []

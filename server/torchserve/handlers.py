@@ -19,14 +19,20 @@ import inspect
 import itertools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput
 
+if TYPE_CHECKING:  # the built-ins import OpenCV paths: loaded only when used
+    from .builtin import BuiltinHandler
+
 Handle = Callable[[Any, Any], Any]
+#: a built-in handler's ``handle`` as a coroutine, run on the event loop (no thread hops)
+AsyncHandle = Callable[[Any, Any], Awaitable[list[Any]]]
 #: TorchServe's names for its built-in handlers that ovserve's built-ins stand in for
 #: (``base_handler``, what torch-model-archiver's users name when they need no code of their own,
 #: is ovserve's choice by request: images to the classifier, tensors to the tensor handler)
@@ -34,6 +40,18 @@ ALIASES = {"image_classifier": "image_classifier", "tensor": "tensor", "auto": "
 
 _counter = itertools.count(1)
 _import_lock = threading.Lock()  # sys.path is process-wide: one handler module loads at a time
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One worker's handler: TorchServe's ``handle`` and ``initialize``, and for ovserve's built-ins the
+    same ``handle`` as a coroutine (``handle_async``), which the worker runs on the event loop instead of
+    its thread: a built-in's own work is a few microseconds of Python around the model server's
+    asynchronous inference, so a thread would only add two hand-offs each way."""
+
+    handle: Handle
+    initialize: Callable[[Any], Any]
+    handle_async: AsyncHandle | None = None
 
 
 class HandlerSpec:
@@ -66,23 +84,23 @@ class HandlerSpec:
     def describe(self) -> str:
         return f"built-in {self.builtin}" if self.builtin else self.text
 
-    def instantiate(self) -> tuple[Handle, Callable[[Any], Any]]:
-        """A fresh (handle, initialize) pair for one worker."""
+    def instantiate(self) -> Instance:
+        """A fresh handler instance for one worker."""
         if self.builtin == "auto":
             auto = AutoHandler()
-            return auto.handle, auto.initialize
+            return Instance(auto.handle, auto.initialize, auto.handle_async)
         if self.builtin is not None:
             from .builtin import BUILTIN  # the built-ins import OpenCV paths: only when used
             service = BUILTIN[self.builtin]()
-            return service.handle, service.initialize
+            return Instance(service.handle, service.initialize, service.handle_async)
         assert self.module is not None
         function = self.function or ("handle" if callable(getattr(self.module, "handle", None)) else None)
         if function is not None:
             entry = getattr(self.module, function)
-            return entry, lambda ctx: entry(None, ctx)
+            return Instance(entry, lambda ctx: entry(None, ctx))
         service = _classes(self.module)[0]()
         init = getattr(service, "initialize", None)
-        return service.handle, (init if callable(init) else (lambda ctx: None))
+        return Instance(service.handle, init if callable(init) else (lambda ctx: None))
 
 
 #: the first bytes of the encoded images OpenCV decodes that a tensor body never starts with
@@ -108,18 +126,25 @@ class AutoHandler:
         except Exception as exc:  # not an image classifier: the tensor handler serves it alone
             self.images, self.why_not_images = None, str(exc)
 
-    def handle(self, data: list[Any] | None, context: Any) -> list[Any]:
-        if data is None:
-            return []
+    def _pick(self, data: list[Any], context: Any) -> BuiltinHandler:
+        """The built-in for this batch: the image classifier for encoded images, else the tensor handler."""
         is_image = [_looks_like_image(item) for item in data]
         if not any(is_image):
-            return list(self.tensor.handle(data, context))
+            return self.tensor
         if self.images is None:
             raise InvalidInput(f"model {context.model_name!r} takes no encoded images: {self.why_not_images}")
         if all(is_image):
-            return list(self.images.handle(data, context))
+            return self.images
         raise InvalidInput("a batch mixing encoded images and tensor documents: send one kind per model, "
                            "or name a handler")
+
+    def handle(self, data: list[Any] | None, context: Any) -> list[Any]:
+        if data is None:
+            return []
+        return list(self._pick(data, context).handle(data, context))
+
+    async def handle_async(self, data: list[Any], context: Any) -> list[Any]:
+        return list(await self._pick(data, context).handle_async(data, context))
 
 
 def _looks_like_image(item: Any) -> bool:

@@ -3,7 +3,8 @@
 A handler runs in a worker thread, off the event loop; :meth:`HandlerModel.infer`
 hands the inputs to the model server's own inference path on the loop (the same
 checks, image decoding, dynamic batching and infer-request pool as KServe V2
-requests) and waits for the answer. No torch anywhere: the handler gets numpy.
+requests) and waits for the answer. The built-in handlers run on the loop and
+await :meth:`HandlerModel.infer_async` instead. No torch anywhere: the handler gets numpy.
 """
 from __future__ import annotations
 
@@ -78,9 +79,17 @@ class HandlerModel:
             pass  # a worker thread, as it should be
         else:
             raise RuntimeError("HandlerModel.infer blocks: call it from a handler's thread, not the event loop")
-        request = InferRequest(self.name, [_tensor(self._port(k), v) for k, v in inputs.items()], self.version)
+        request = self._request(inputs)
         response: InferResponse = asyncio.run_coroutine_threadsafe(self._infer(request), self._loop).result()
         return {t.name: t.data for t in response.outputs}
+
+    async def infer_async(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """:meth:`infer` awaited on the event loop (the built-in handlers' path: no thread in between)."""
+        response = await self._infer(self._request(inputs))
+        return {t.name: t.data for t in response.outputs}
+
+    def _request(self, inputs: Mapping[str, Any]) -> InferRequest:
+        return InferRequest(self.name, [_tensor(self._port(k), v) for k, v in inputs.items()], self.version)
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return self.infer(inputs)

@@ -1,7 +1,9 @@
 """A model version's workers: how many requests its handler runs at once, batching, timeouts.
 
 A worker is one handler instance (its own ``initialize``, its own context) with a
-thread of its own, as a TorchServe worker is a process of its own. Requests queue
+thread of its own, as a TorchServe worker is a process of its own; ovserve's
+built-in handlers, whose own work is a little Python around the model server's
+asynchronous inference, run on the event loop instead (no hand-off to a thread). Requests queue
 per model version; an idle worker takes up to ``batch_size`` of them, waiting at
 most ``max_batch_delay`` after the first for the batch to fill, and runs
 ``handle`` in its thread, off the event loop.
@@ -28,7 +30,7 @@ from typing import Any
 
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, ServerError, Unavailable
 from .context import Context, Item
-from .handlers import HandlerSpec
+from .handlers import AsyncHandle, HandlerSpec, Instance
 
 log = logging.getLogger("ovserve.torchserve")
 _ids = itertools.count(9000)  # TorchServe's worker ids start at 9000
@@ -50,6 +52,7 @@ class Worker:
     handle: Callable[[Any, Any], Any]
     context: Context
     thread: ThreadPoolExecutor
+    handle_async: AsyncHandle | None = None  # a built-in's: run on the loop, not the thread
     id: int = field(default_factory=lambda: next(_ids))
     started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
     own: deque[Job] = field(default_factory=deque)  # jobs of the sequences bound to this worker
@@ -130,13 +133,13 @@ class Workers:
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovserve-handler")
         loop = asyncio.get_running_loop()
 
-        def start() -> Callable[[Any, Any], Any]:
-            handle, initialize = self.spec.instantiate()
-            initialize(context)
-            return handle
+        def start() -> Instance:
+            instance = self.spec.instantiate()
+            instance.initialize(context)
+            return instance
 
         try:
-            handle = await loop.run_in_executor(thread, start)
+            instance = await loop.run_in_executor(thread, start)
         except ServerError:
             thread.shutdown(wait=False)
             raise
@@ -144,7 +147,7 @@ class Workers:
             thread.shutdown(wait=False)
             raise InvalidInput(f"{self.where}: handler {self.spec.describe()} failed to initialize: "
                                f"{type(exc).__name__}: {exc}") from exc
-        return Worker(handle, context, thread)
+        return Worker(instance.handle, context, thread, instance.handle_async)
 
     def _retire(self, worker: Worker) -> None:
         """The worker ends after the batch it is handling; what was queued for its sequences goes to the others."""
@@ -293,17 +296,29 @@ class Workers:
         return InternalError(f"{self.where}: handler failed: {type(exc).__name__}: {exc}")
 
     async def _execute(self, worker: Worker, batch: list[Job]) -> list[Any]:
-        """One ``handle`` call on the worker's thread: its values, one per job (a ServerError for a job
-        whose status the handler set to an error); raises what the handler raised, or _TimedOut."""
+        """One ``handle`` call, on the worker's thread (a built-in's on the loop): its values, one per job
+        (a ServerError for a job whose status the handler set to an error); raises what the handler
+        raised, or _TimedOut."""
         loop = asyncio.get_running_loop()
         by_id = {job.item.request_id: job for job in batch}
+        on_loop = worker.handle_async is not None
 
-        def send(request_id: str, value: Any) -> None:  # from the worker's thread
+        def send(request_id: str, value: Any) -> None:  # from the worker's thread (or the loop)
             job = by_id.get(request_id)
             if job is None:
                 raise ValueError(f"unknown request id {request_id!r}")
             if job.send is not None:
-                loop.call_soon_threadsafe(job.send, value)
+                if on_loop:
+                    job.send(value)
+                else:
+                    loop.call_soon_threadsafe(job.send, value)
+
+        def values_of(result: Any, ctx: Context) -> list[Any]:
+            values = _results(result, len(batch), self.where)
+            for idx, item in enumerate(ctx.items()):
+                if item.status >= 400:
+                    values[idx] = status_error(item.status, item.phrase)
+            return values
 
         def call() -> list[Any]:
             ctx = worker.context
@@ -311,16 +326,19 @@ class Workers:
             result = worker.handle([j.data for j in batch], ctx)
             if inspect.isgenerator(result):  # a handler that streams by yielding
                 result = _drain(result, batch, send, self.where)
-            values = _results(result, len(batch), self.where)
-            for idx, item in enumerate(ctx.items()):
-                if item.status >= 400:
-                    values[idx] = status_error(item.status, item.phrase)
-            return values
+            return values_of(result, ctx)
+
+        async def call_async(handle: AsyncHandle) -> list[Any]:
+            ctx = worker.context
+            ctx.begin([j.item for j in batch], send)
+            return values_of(await handle([j.data for j in batch], ctx), ctx)
 
         started = time.perf_counter()
-        future = loop.run_in_executor(worker.thread, call)
+        # a thread cannot be stopped: on a timeout it is shielded and left to finish; a coroutine is cancelled
+        future = (call_async(worker.handle_async) if worker.handle_async is not None
+                  else asyncio.shield(loop.run_in_executor(worker.thread, call)))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.response_timeout_s)
+            return await asyncio.wait_for(future, self.response_timeout_s)
         except TimeoutError:
             log.error("%s: handler exceeded the response timeout of %gs: replacing worker %d",
                       self.where, self.response_timeout_s, worker.id)
