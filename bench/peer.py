@@ -56,9 +56,10 @@ def versions() -> dict[str, str]:
         return {}
 
 
-def start(models: dict[str, dict]) -> ServerProcess:
-    """``models``: name -> {"path": model.xml, "plugin_config": {...}}."""
+def start(models: dict[str, dict], interpreter: Path | str | None = None) -> ServerProcess:
+    """``models``: name -> {"path": model.xml, "plugin_config": {...}}; ``interpreter``: a Python with kserve,
+    openvino and numpy (by default the peer's venv)."""
     rest, grpc = free_ports(2)  # the peer cannot bind port 0 and report it
-    cmd = [str(python()), str(HERE / "peer_server.py"), "--http_port", str(rest), "--grpc_port", str(grpc),
-           "--models", json.dumps(models)]
+    cmd = [str(interpreter or python()), str(HERE / "peer_server.py"), "--http_port", str(rest),
+           "--grpc_port", str(grpc), "--models", json.dumps(models)]
     return ServerProcess("kserve", cmd, rest_port=rest, grpc_port=grpc)
