@@ -10,6 +10,8 @@ predictor's error answers with the predictor's status; :mod:`ovserve.server.erro
 """
 from __future__ import annotations
 
+import math
+
 
 class ServerError(Exception):
     """Base of every error a client may see. ``str(err)`` is the client message."""
@@ -41,7 +43,26 @@ class PayloadTooLarge(ServerError):
 
 class Overloaded(ServerError):
     """The model has as many requests queued as it may (``--max-queued-requests``): refused at once rather
-    than queued behind them; the client may retry later."""
+    than queued behind them; the client may retry later.
+
+    ``retry_after_s`` is when: about how long the requests ahead of it take to be served. Each transport
+    maps it where it maps the status: REST's ``Retry-After`` header, gRPC's ``grpc-retry-pushback-ms``
+    trailing metadata, which a client's retry policy obeys."""
+
+    #: the default hint, and the least one: a client told to come back at once would only be refused again
+    MIN_RETRY_AFTER_S = 1.0
+
+    def __init__(self, message: str, retry_after_s: float = MIN_RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(self.MIN_RETRY_AFTER_S, retry_after_s)
+
+    def retry_after_header(self) -> str:
+        """REST's ``Retry-After``: whole seconds (RFC 9110's delay-seconds), rounded up."""
+        return str(math.ceil(self.retry_after_s))
+
+    def pushback_ms(self) -> str:
+        """gRPC's ``grpc-retry-pushback-ms`` (gRFC A6): milliseconds, a signed 32-bit integer in ASCII."""
+        return str(min(2**31 - 1, math.ceil(self.retry_after_s * 1000)))
 
 
 class FailedPrecondition(ServerError):

@@ -23,10 +23,11 @@ import openvino as ov
 
 from ovserve.common.codecs.datatypes import OV_TO_V2
 
-from ..errors import FailedPrecondition, InternalError, InvalidInput, Overloaded, ServerError
+from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
 from . import cpus
 from .failures import inference_error
+from .shedding import refusal
 
 if TYPE_CHECKING:  # imported when a model batches (see load)
     from ..metrics.registry import VersionSeries
@@ -393,8 +394,7 @@ class OpenVINOModel:
             if self.admitted >= running + bound:
                 if self.metrics is not None:
                     self.metrics.shed_request()  # ovserve_requests_shed_total
-                raise Overloaded(f"overloaded: {bound} requests are queued for this model already "
-                                 f"(max_queued_requests); retry later")
+                raise refusal("this model", bound, self.admitted, running, self.cost)
             self.admitted += 1
             try:
                 return await self._infer(inputs)
