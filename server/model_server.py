@@ -53,7 +53,8 @@ PLATFORM = "OpenVINO"
 
 class ModelServer(DataPlane):
     def __init__(self, manager: ModelManager, store: Store | None = None, work: Path | None = None,
-                 model_api: bool = False, remove_work: bool = False, metrics: Metrics | None = None) -> None:
+                 model_api: bool = False, remove_work: bool = False, metrics: Metrics | None = None,
+                 max_queued_requests: int = 0) -> None:
         super().__init__()
         self.manager = manager
         self.metrics = metrics
@@ -62,7 +63,8 @@ class ModelServer(DataPlane):
             metrics.collect("ovserve_model_version_state", self._version_states)
             manager.on_state = self._state_changed
         #: TorchServe's handlers and model management, over the same models
-        self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work)
+        self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work,
+                                        max_queued_requests=max_queued_requests)
         # OpenCV releases the GIL: the images of a batch decode in parallel, off the loop.
         self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")
 

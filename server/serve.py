@@ -60,7 +60,7 @@ def build(settings: Settings) -> Server:
         raise SystemExit(f"ovserve: {exc}") from None
     dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval),
                             store, work, settings.ts_model_api, remove_work=settings.ts_work_dir is None,
-                            metrics=monitoring.metrics(settings))
+                            metrics=monitoring.metrics(settings), max_queued_requests=settings.max_queued_requests)
     rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only

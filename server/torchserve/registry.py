@@ -40,6 +40,7 @@ from ..repository.manager import ModelManager, ModelVersion
 from ..repository.policy import VersionPolicy
 from ..repository.states import State
 from ..runtime.openvino import LoadOptions
+from ..runtime.shedding import running_cost
 from ..types import Registration, Scaling
 from ..version import __version__
 from .context import Context, Item
@@ -82,8 +83,10 @@ class Entry:
 class HandlerRegistry:
     def __init__(self, manager: ModelManager, infer: Infer, store: Store | None = None, work: Path | None = None,
                  model_api: bool = False, default_workers: Callable[[ModelVersion], int] | None = None,
-                 remove_work: bool = False) -> None:
+                 remove_work: bool = False, max_queued_requests: int = 0) -> None:
         self.manager = manager
+        #: the server's --max-queued-requests, a registered model's bound (a repository model has its own)
+        self.max_queued_requests = max_queued_requests
         self.infer = infer
         self.store = store  # None: nothing can be registered
         self.work = work
@@ -143,8 +146,18 @@ class HandlerRegistry:
         workers = Workers(where, spec, context, batch_size, delay_ms / 1000, timeout_s, stateful=stateful,
                           sequence_idle_s=idle_ms / 1000,
                           max_sequences=most if isinstance(most, int) and not isinstance(most, bool) else 0)
-        if model.metrics is not None:
-            workers.timed = model.metrics.handled
+        # the handler queue takes the model's bound (config.json's max_queued_requests, else the flag's)
+        workers.max_queued = model.options.max_queued_requests
+        series = model.metrics
+
+        def timed(seconds: float) -> None:
+            workers.cost = running_cost(workers.cost, seconds)  # a refusal's retry hint
+            if series is not None:
+                series.handled(seconds)
+
+        workers.timed = timed
+        if series is not None:
+            workers.shed = series.shed_request
         return Entry(mv.name, mv.version, label, model_dir, url, spec, workers, manifest)
 
     # -- health ------------------------------------------------------------------
@@ -211,7 +224,9 @@ class HandlerRegistry:
             first = name not in self.manager.defaults
             if first:
                 self.manager.defaults[name] = number  # the first version registered is the default
-            cfg = self.manager.registered.get(name) or ModelConfig(name, base, VersionPolicy("all"), LoadOptions(),
+            # a registered model is shed as a repository model is, by the flag's bound
+            options = LoadOptions(max_queued_requests=self.max_queued_requests)
+            cfg = self.manager.registered.get(name) or ModelConfig(name, base, VersionPolicy("all"), options,
                                                                    raw=json.dumps({"registered": name}))
             served = await self.manager.register(cfg)
             mv = served.versions.get(number)
@@ -397,7 +412,8 @@ class HandlerRegistry:
             "handler": entry.spec.describe() if entry else "auto",
             "state": mv.status.state.value,
             "workers": entry.workers.describe() if entry else [],
-            "jobQueueStatus": {"remainingCapacity": 1000, "pendingRequests": entry.workers.pending() if entry else 0},
+            "jobQueueStatus": {"remainingCapacity": entry.workers.remaining() if entry else 0,
+                               "pendingRequests": entry.workers.pending() if entry else 0},
             "sequenceBatching": bool(entry and entry.workers.stateful),
             "openSequences": entry.workers.open_sequences() if entry else 0,
             # what TorchServe's gRPC API cannot tell: the model's own inputs and outputs

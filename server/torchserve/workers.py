@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, ServerError, Unavailable
+from ..runtime.shedding import refusal
 from .context import Context, Item
 from .handlers import AsyncHandle, HandlerSpec, Instance
 
@@ -110,6 +111,13 @@ class Workers:
         self._scaling = asyncio.Lock()
         #: told how long each handle() call took, in seconds (the version's metrics, when on)
         self.timed: Callable[[float], None] | None = None
+        #: requests that may wait for a worker (TorchServe's job queue); past it a request is refused at once,
+        #: Overloaded (429 / RESOURCE_EXHAUSTED). 0: no bound. Set by the registry from max_queued_requests.
+        self.max_queued = 0
+        #: one handle() call's running duration (s), set by whoever times them: the refusal's retry hint
+        self.cost: float | None = None
+        #: told of each refused request (ovserve_requests_shed_total, when metrics are on)
+        self.shed: Callable[[], None] | None = None
 
     # -- scaling -------------------------------------------------------------
     async def scale(self, min_workers: int, max_workers: int) -> None:
@@ -176,6 +184,8 @@ class Workers:
     async def submit(self, item: Item, data: dict[str, bytes], send: Sink | None = None) -> Any:
         if not self.workers:
             raise Unavailable(f"{self.where} has no workers: scale it up (ScaleWorker min_worker >= 1)")
+        if self.max_queued and self.pending() >= self.max_queued:
+            self._room_or_refuse()
         loop = asyncio.get_running_loop()
         job = Job(item, data, loop.create_future(), send)
         seq = item.sequence_id if self.stateful else ""
@@ -188,6 +198,25 @@ class Workers:
             self._shared.append(job)
             self._wake_all()
         return await job.future
+
+    def _room_or_refuse(self) -> None:
+        """Past the bound: jobs whose callers left are dropped first (they would be skipped when taken);
+        if the queue is still full, Overloaded, with the time the jobs ahead take as its retry hint."""
+        self._shared = deque(job for job in self._shared if not job.future.done())
+        for worker in self.workers:
+            worker.own = deque(job for job in worker.own if not job.future.done())
+        waiting = self.pending()
+        if waiting < self.max_queued:
+            return
+        if self.shed is not None:
+            self.shed()
+        at_once = len(self.workers) * self.batch_size
+        raise refusal(f"{self.where}'s handler", self.max_queued, waiting + at_once, at_once, self.cost)
+
+    def remaining(self) -> int:
+        """Free places in the queue (DescribeModel's remainingCapacity); without a bound, what Java's unbounded
+        LinkedBlockingDeque, TorchServe's job queue, answers: Integer.MAX_VALUE less the jobs in it."""
+        return max(0, (self.max_queued or 2**31 - 1) - self.pending())
 
     def _bind(self, seq: str) -> Worker:
         most = self.max_sequences or len(self.workers) * self.batch_size
