@@ -52,3 +52,20 @@ def test_errors_module_imports_no_transport() -> None:
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & {"grpc", "starlette", "uvicorn"}
+
+
+def test_an_overload_says_when_to_come_back_in_each_transports_form() -> None:
+    """Retry-After in whole seconds rounded up, grpc-retry-pushback-ms in milliseconds, a second at least
+    (a hint of less would bring the client back to a queue still full)."""
+    from ovserve.server.runtime.shedding import refusal, retry_after_s
+
+    hint = errors.Overloaded("busy", 2.2)
+    assert (hint.retry_after_header(), hint.pushback_ms()) == ("3", "2200")
+    assert errors.Overloaded("busy").retry_after_header() == "1"
+    assert errors.Overloaded("busy", 0.01).pushback_ms() == "1000"
+    assert errors.Overloaded("busy", 1e9).pushback_ms() == str(2**31 - 1)  # gRFC A6: a signed 32-bit integer
+    # the requests ahead, in rounds of those run at once, each round one run long
+    assert retry_after_s(ahead=5, at_once=2, cost=0.5) == 1.5
+    assert retry_after_s(ahead=5, at_once=2, cost=None) == 1.0  # nothing measured yet
+    err = refusal("this model", bound=4, ahead=5, at_once=1, cost=0.7)
+    assert err.retry_after_header() == "4" and err.message.endswith("(max_queued_requests); retry in 4 s")

@@ -4,20 +4,22 @@ server flooded while its slow model is busy.
 The slow model (tests/models.py) runs one infer request (nireq 1). A long request occupies it; then a
 flood of small ones arrives over REST and gRPC. Past the bound each is refused at once (429 /
 RESOURCE_EXHAUSTED), answered while the long one still runs; the ones admitted all succeed, with the
-right answer. No timing is asserted, only the order of the answers.
+right answer. No timing is asserted, only the order of the answers (and, for the retry hint, the least
+wait the protocol sets).
 """
 from __future__ import annotations
 
 import json
 import threading
 import time
-from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as tgrpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from . import models
@@ -39,6 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         {"name": "own_bound", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 2},
         {"name": "flag_bound", "base_path": str(base / "slow"), "nireq": 1},  # --max-queued-requests 1
         {"name": "unbounded", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 0},
+        {"name": "retried", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
     ])
     proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1",
                           "--metrics-enable"])
@@ -136,3 +139,58 @@ def test_a_flood_past_the_bound_is_refused_at_once_and_the_admitted_all_succeed(
     finished = [who for who, _ in order]
     assert max(finished.index(who) for who in refused) < finished.index("long"), order
 
+
+
+def test_a_refusal_says_when_to_come_back_and_a_grpc_retry_policy_waits_as_told(server: ServerProcess) -> None:
+    """REST's 429 carries ``Retry-After`` (whole seconds), gRPC's RESOURCE_EXHAUSTED the trailing metadata
+    ``grpc-retry-pushback-ms`` (gRFC A6), at least a second each. A gRPC client whose retry policy retries
+    RESOURCE_EXHAUSTED after 1 ms waits as told instead: each attempt the server refused is followed by at
+    least a second's wait (a lower bound the protocol sets, not a speed: without the pushback the policy's
+    five attempts are spent within milliseconds while the long request runs)."""
+    model, rng = "retried", np.random.default_rng(11)
+    x = rng.integers(-64, 64, (LONG_ROWS, models.SLOW_K)).astype(np.float32)
+    long = threading.Thread(target=rest_infer, args=(server.url, model, x))
+    long.start()
+    time.sleep(1.0)  # the long request holds the one infer request; the next one fills the queue of 1
+    filler = threading.Thread(target=grpc_infer, args=(server.grpc_target, model, x[:1]))
+    filler.start()
+    time.sleep(0.5)
+    try:
+        status, headers, content = post(f"{server.url}/v2/models/{model}/infer", json.dumps({"inputs": [
+            {"name": "x", "shape": [1, models.SLOW_K], "datatype": "FP32", "data": x[0].tolist()}]}).encode(),
+            headers={"Content-Type": "application/json"}, timeout=60)
+        assert status == 429, content
+        assert headers["Retry-After"].isdigit() and int(headers["Retry-After"]) >= 1, headers
+        assert f"retry in {headers['Retry-After']} s" in json.loads(content)["error"]
+
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, models.SLOW_K])
+        request = service_pb2.ModelInferRequest(model_name=model, inputs=[tensor], raw_input_contents=[x[:1].tobytes()])
+        with (grpc.insecure_channel(server.grpc_target, options=[("grpc.enable_retries", 0)]) as channel,
+              pytest.raises(grpc.RpcError) as refused):
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        pushback = dict(refused.value.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "")
+        assert pushback.isdigit() and int(pushback) >= 1000, refused.value.trailing_metadata()
+
+        policy = {"methodConfig": [{"name": [{"service": "inference.GRPCInferenceService"}], "retryPolicy": {
+            "maxAttempts": 5, "initialBackoff": "0.001s", "maxBackoff": "0.002s", "backoffMultiplier": 1,
+            "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]}
+        before = shed_count(server, model)
+        options = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(policy))]
+        with grpc.insecure_channel(server.grpc_target, options=options) as channel:
+            started = time.monotonic()
+            try:
+                service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=120)
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                code = exc.code()
+            took = time.monotonic() - started
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED), code
+        ok = code is grpc.StatusCode.OK
+        refusals = shed_count(server, model) - before
+        waits = refusals if ok else refusals - 1  # each refusal but a last one was followed by a retry
+        assert waits >= 1, (ok, refusals)  # the first attempt was refused, and retried
+        assert took >= waits * 1.0, (ok, refusals, took)
+    finally:
+        long.join(180)
+        filler.join(180)

@@ -56,7 +56,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     ])
     proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", str(FLAG_BOUND),
                           "--ts-inference-port", "0", "--ts-management-port", "0", "--model-store", str(store),
-                          "--ts-model-api", "true", "--metrics-enable"])
+                          "--ts-model-api", "true", "--metrics-enable", "--access-log", str(root / "access.log")])
+    proc.access_log = root / "access.log"  # type: ignore[attr-defined]
     try:
         yield proc.wait_ready(timeout=180)
     finally:
@@ -109,10 +110,12 @@ def test_a_flood_past_the_handler_queue_is_refused_at_once_and_the_queued_all_su
         def call(who: str, seconds: float) -> None:
             request = inference_pb2.PredictionsRequest(model_name="sleepy", input={"data": str(seconds).encode()})
             try:
-                reply = inference.Predictions(request, timeout=120)
+                reply = inference.Predictions(request, metadata=[("x-request-id", who)], timeout=120)
                 got = (grpc.StatusCode.OK, bytes(reply.prediction).decode())
             except grpc.RpcError as err:
-                got = (err.code(), err.details() or "")
+                trailing = dict(err.trailing_metadata() or ())
+                noted = f"[id {trailing.get('x-request-id')}] [pushback {trailing.get('grpc-retry-pushback-ms', '')}]"
+                got = (err.code(), f"{err.details()} {noted}")
             with lock:
                 order.append((who, got[0]))
                 results[who] = got
@@ -149,9 +152,18 @@ def test_a_flood_past_the_handler_queue_is_refused_at_once_and_the_queued_all_su
         for who in refused:
             assert "overloaded" in results[who][1] and "max_queued_requests" in results[who][1], results[who]
             assert "'sleepy'" in results[who][1], results[who]
+            assert f"[id {who}]" in results[who][1]  # the access log's request id, beside the pushback
+            # when to come back, as gRPC's retry policies read it: at least a second
+            pushback = results[who][1].rsplit("[pushback ", 1)[1].rstrip("]")
+            assert pushback.isdigit() and int(pushback) >= 1000, results[who]
         finished = [who for who, _ in order]
         assert max(finished.index(who) for who in refused) < finished.index("long"), order
         assert shed_count(server, "sleepy") == len(refused)  # counted in the metrics
+        logged = {line["request_id"]: line for line in map(json.loads, server.access_log.read_text().splitlines())}
+        for who in refused:
+            line = logged[who]
+            assert (line["listener"], line["method"], line["model"], line["status"]) == (
+                "ts-inference", "Predictions", "sleepy", "RESOURCE_EXHAUSTED")
         assert queue_status(management, "sleepy") == {"remainingCapacity": FLAG_BOUND, "pendingRequests": 0}
     finally:
         management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="sleepy"), timeout=60)

@@ -3,7 +3,8 @@
 Every unary method of every ovserve servicer is wrapped by :func:`unary` (and
 every response-streaming one by :func:`streaming`): a
 :class:`~ovserve.server.errors.ServerError` ends the call with its status from
-the error table (:func:`~ovserve.server.errors.grpc_status`); anything else is
+the error table (:func:`~ovserve.server.errors.grpc_status`), an Overloaded's retry hint in
+``grpc-retry-pushback-ms`` (:func:`abort`); anything else is
 logged once and ends it INTERNAL, with no traceback for the client. A stream
 that answers errors in-band (KServe's ModelStreamInfer) takes its message from
 :func:`in_band`, through the same table.
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
-from ...errors import ServerError, Unavailable, grpc_status
+from ...errors import Overloaded, ServerError, Unavailable, grpc_status
 from ...gate import INFERENCE, OPEN_GATE, Access, Gate
 from ...metrics.calls import Call
 from .gate import gated_stream, gated_unary
@@ -67,6 +68,19 @@ class Metadata(Mapping[str, str]):
 
 def status_of(exc: ServerError) -> grpc.StatusCode:
     return grpc.StatusCode[grpc_status(exc)]
+
+
+#: gRPC's server pushback (gRFC A6): milliseconds a client's retry policy waits before its next attempt
+PUSHBACK = "grpc-retry-pushback-ms"
+
+
+async def abort(context: Any, exc: ServerError) -> None:
+    """End the call with the error's status and message; a refusal under load (Overloaded) also says when
+    to come back, in the trailing metadata beside what is there (the access log's x-request-id)."""
+    if isinstance(exc, Overloaded):
+        kept = tuple(context.trailing_metadata() or ())
+        context.set_trailing_metadata((*kept, (PUSHBACK, exc.pushback_ms())))
+    await context.abort(status_of(exc), exc.message)
 
 
 class InFlight:
@@ -141,12 +155,12 @@ async def enter(in_flight: InFlight, context: Any) -> None:
     try:
         in_flight.enter()
     except ServerError as exc:
-        await context.abort(status_of(exc), exc.message)
+        await abort(context, exc)
 
 
 async def _abort(context: Any, exc: BaseException, method: str) -> None:
     if isinstance(exc, ServerError):
-        await context.abort(status_of(exc), exc.message)
+        await abort(context, exc)
     log.error("unexpected error in %s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 

@@ -1,7 +1,7 @@
 """The REST application: V2 and V1 routes on one Starlette app.
 
 Errors are mapped here, once: a :class:`ServerError` becomes its HTTP status
-with ``{"error": message}``; anything unexpected becomes a 500 with no
+with ``{"error": message}`` (an Overloaded with its ``Retry-After``); anything unexpected becomes a 500 with no
 traceback (the traceback goes to the log, once). A client that goes away
 before its request is read is no error of the server's: one INFO line.
 """
@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...dataplane import DataPlane
-from ...errors import ServerError, http_status
+from ...errors import Overloaded, ServerError, http_status
 from ...gate import OPEN_GATE, Gate
 from . import v1, v2
 from .gate import GateMiddleware
@@ -32,6 +32,8 @@ async def _on_server_error(request: Request, exc: Exception) -> Response:
     status = http_status(exc)
     if status >= 500 and status != 503 and not exc.logged:
         log.error("%s %s: %s", request.method, request.url.path, exc.message)
+    if isinstance(exc, Overloaded):  # a refusal under load says when to come back (RFC 9110 Retry-After)
+        return error_response(status, exc.message, {"Retry-After": exc.retry_after_header()})
     return error_response(status, exc.message)
 
 

@@ -1,6 +1,8 @@
 """Small HTTP helpers shared by the V1 and V2 routes."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,8 +18,8 @@ class JSON(Response):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def error_response(status: int, message: str) -> JSON:
-    return JSON({"error": message}, status_code=status)
+def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSON:
+    return JSON({"error": message}, status_code=status, headers=headers)
 
 
 #: bodies declared up to this size get their buffer at once; larger ones grow as data arrives
