@@ -58,13 +58,18 @@ def _per_s(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f}/s"
 
 
+def cpu_us(r: Row | None) -> float | None:
+    """Server CPU microseconds per request: the figure that does not depend on the load generator's speed."""
+    return r.server_cpu_pct * 1e4 / r.throughput if r is not None and r.throughput else None
+
+
 def sort_rows(rows: list[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: (r.model, SERVERS.index(r.server), PROTOCOLS.index(r.protocol), r.concurrency))
 
 
 # -- the table ------------------------------------------------------------------
 HEADER = ["model", "server", "protocol", "conc", "infer/s", "p50 ms", "p99 ms", "errors",
-          "server CPU %", "server RSS MiB", "client CPU %", "other CPU %", "x raw async", "x kserve"]
+          "server CPU %", "server CPU us/req", "server RSS MiB", "client CPU %", "other CPU %", "x raw async", "x kserve"]
 
 
 def table_rows(rows: list[Row]) -> list[list[str]]:
@@ -75,7 +80,8 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
         x_raw = _ratio(r.throughput, raw.throughput if raw else None) if r.server != "raw" else None
         x_peer = _ratio(r.throughput, peer.throughput if peer else None) if r.server.startswith("ovserve") else None
         out.append([r.model, r.server, r.protocol, str(r.concurrency), f"{r.throughput:.0f}", f"{r.p50_ms:.2f}",
-                    f"{r.p99_ms:.2f}", str(r.errors), f"{r.server_cpu_pct:.0f}", f"{r.server_rss_mib:.0f}",
+                    f"{r.p99_ms:.2f}", str(r.errors), f"{r.server_cpu_pct:.0f}", _fmt(cpu_us(r), 0),
+                    f"{r.server_rss_mib:.0f}",
                     "-" if r.client_cpu_pct is None else f"{r.client_cpu_pct:.0f}",
                     f"{r.other_cpu_pct:.0f}" + (" !" if r.other_cpu_pct > NOISY_PCT else ""),
                     "" if x_raw is None else f"{x_raw:.2f}", "" if x_peer is None else f"{x_peer:.2f}"])
@@ -165,6 +171,26 @@ def targets(run: Run) -> list[Target]:
     return out
 
 
+def cpu_targets(run: Run) -> list[Target]:
+    """Issue 21's CPU per request: ovserve's default engine at most a third of KServe's on ``add`` over gRPC
+    and REST, and on gRPC at most 1.3x the native engine's."""
+    rows, out = run.rows, []
+
+    def cpu_target(case: str, ours: Row | None, other: Row | None, goal: float, against: str) -> None:
+        a, b = cpu_us(ours), cpu_us(other)
+        v = _ratio(a, b)
+        out.append(Target(case, f"{_fmt(a, 0)} us vs {_fmt(b, 0)} us {against}", f"<= {goal:.2g} x", v,
+                          None if v is None else v <= goal))
+
+    for c in (4, 16):
+        for protocol in ("grpc", "rest-json", "rest-binary"):
+            cpu_target(f"add {protocol} c{c} server CPU/req / kserve's", _find(rows, "add", "ovserve", protocol, c),
+                       _find(rows, "add", "kserve", protocol, c), 1 / 3, "kserve")
+        cpu_target(f"add grpc c{c} server CPU/req / native engine's", _find(rows, "add", "ovserve", "grpc", c),
+                   _find(rows, "add", "ovserve-native", "grpc", c), 1.3, "native")
+    return out
+
+
 def targets_table(ts: list[Target]) -> tuple[list[str], list[list[str]]]:
     header = ["target", "measured", "goal", "ratio", "met"]
     body = [[t.case, t.measured, t.goal, _fmt(t.value) + (" ms" if "+1 ms" in t.goal and t.value is not None else ""),
@@ -209,6 +235,9 @@ def render(run: Run, markdown: bool) -> str:
         "",
         "Targets (issue 4):" if not markdown else "Targets (issue 4):\n",
         table(t_header, t_body),
+        "",
+        "Server CPU per request (issue 21):" if not markdown else "Server CPU per request (issue 21):\n",
+        table(*targets_table(cpu_targets(run))),
     ]
     return "\n".join(parts)
 
