@@ -69,7 +69,8 @@ def sort_rows(rows: list[Row]) -> list[Row]:
 
 # -- the table ------------------------------------------------------------------
 HEADER = ["model", "server", "protocol", "conc", "infer/s", "p50 ms", "p99 ms", "errors",
-          "server CPU %", "server CPU us/req", "server RSS MiB", "client CPU %", "other CPU %", "x raw async", "x kserve"]
+          "server CPU %", "server CPU us/req", "server RSS MiB", "client CPU %", "other CPU %", "x raw async",
+          "x kserve"]
 
 
 def table_rows(rows: list[Row]) -> list[list[str]]:
