@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import orjson
 
+from ovserve.common import requestids
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
@@ -171,6 +172,9 @@ class RestPredictor:
         """One request, retried only while the predictor cannot be reached."""
         if self.token is not None:
             kw["headers"] = {**(kw.get("headers") or {}), "Authorization": f"Bearer {self.token.first()}"}
+        rid = requestids.current.get()
+        if rid is not None:  # the id of the request this call serves goes on with it
+            kw["headers"] = {**(kw.get("headers") or {}), requestids.HEADER: rid}
         if self.tls is not None:
             kw["ssl"] = self.tls.current().context
         try:

@@ -48,7 +48,7 @@ from ..types import (
     TensorSpec,
 )
 from . import saliency
-from .transformer import Transformer, TransformerDataPlane
+from .transformer import Transformer, TransformerDataPlane, forwarding
 
 if TYPE_CHECKING:  # imported where the explainer is built (build), here for its type only
     from ovserve.client.predictor import PredictorClient
@@ -218,7 +218,8 @@ class Explainer(TransformerDataPlane):
         started = time.monotonic()
         calls = _Calls(0)
         try:
-            result = await asyncio.wait_for(self._explain(request, opts, calls), opts.timeout_seconds)
+            with forwarding(headers):  # every predictor call of the explanation carries the request's id
+                result = await asyncio.wait_for(self._explain(request, opts, calls), opts.timeout_seconds)
         except asyncio.TimeoutError:
             raise DeadlineExceeded(
                 f"explanation of model {self.model_name!r} did not finish within {opts.timeout_seconds:g}s "

@@ -29,22 +29,26 @@ very same V1/V2 REST and gRPC surface through the same transports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from ovserve.common import requestids
 from ovserve.common.codecs.datatypes import numpy_dtype, v2_datatype
 from ovserve.common.codecs.tensors import encoding_parameters, reply_parameters
 
 from ..dataplane import DataPlane
 from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable, Unsupported
+from ..gate.accesslog import sane
 from ..types import (
     Dim,
     Headers,
@@ -329,6 +333,10 @@ class TransformerDataPlane(DataPlane):
         self.check_name(request.model_name)
         if headers is None:
             headers = {}
+        with forwarding(headers):
+            return await self._infer(request, headers)
+
+    async def _infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         asked = {o.name: o.parameters for o in request.outputs}
         request_id = request.id
         req = self._checked("preprocess", await self._stage("preprocess", self.handler.preprocess, request, headers),
@@ -346,6 +354,22 @@ class TransformerDataPlane(DataPlane):
             t.parameters = reply_parameters(t.parameters)
             t.parameters.update(encoding_parameters(asked.get(t.name, {})))
         return resp
+
+
+@contextlib.contextmanager
+def forwarding(headers: Headers | None) -> Iterator[None]:
+    """The request's id, sent on with the predictor calls made within (``ovserve.common.requestids``): the
+    gate's when it set one (``--access-log``: the client's or one it made), else the client's
+    ``x-request-id`` when it is a sane one."""
+    given = headers.get(requestids.HEADER) if headers and requestids.current.get() is None else None
+    if not given or not sane(given):
+        yield
+        return
+    token = requestids.current.set(given)
+    try:
+        yield
+    finally:
+        requestids.current.reset(token)
 
 
 def _normalise(t: Tensor) -> None:

@@ -11,8 +11,9 @@ serialized messages on gRPC), ``client`` (address and port) and
 
 Request ids: a client's ``x-request-id`` is kept when it is a sane one
 (printable ASCII, at most :data:`MAX_REQUEST_ID` characters), else one is made;
-either way it is returned (a REST response header, gRPC trailing metadata) and
-logged.
+either way it is returned (a REST response header, gRPC trailing metadata),
+logged, and set as the request's :data:`ovserve.common.requestids.current`, so that a
+transformer or explainer sends it on to its predictor, whose line shows it too.
 
 Lines go to stdout, stderr or a file (appended). They are gathered and written
 once per turn of the event loop, so that a burst of requests costs one write,
@@ -30,7 +31,9 @@ from typing import Any
 
 import orjson
 
-HEADER = "x-request-id"
+from ovserve.common import requestids
+
+HEADER = requestids.HEADER
 MAX_REQUEST_ID = 128
 #: what ``--access-log`` takes besides a file path
 STREAMS = {"stdout": 1, "-": 1, "stderr": 2}
@@ -42,9 +45,14 @@ _PREFIX = os.urandom(8).hex()
 _COUNTER = itertools.count(1)
 
 
+def sane(given: str) -> bool:
+    """Whether a client's id may be kept, logged and sent on: printable ASCII, not empty, not too long."""
+    return 0 < len(given) <= MAX_REQUEST_ID and given.isascii() and given.isprintable()
+
+
 def request_id(given: str | None) -> str:
     """The client's id when it is a sane one, else a new one (32 hexadecimal digits)."""
-    if given and len(given) <= MAX_REQUEST_ID and given.isascii() and given.isprintable():
+    if given and sane(given):
         return given
     return f"{_PREFIX}{next(_COUNTER):016x}"
 

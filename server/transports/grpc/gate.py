@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from ovserve.common import requestids
+
 from ...errors import Unauthenticated
 from ...gate import Gate
 from ...gate.accesslog import HEADER, Clock, now_iso, request_id
@@ -84,6 +86,8 @@ async def _admit(servicer: Any, method: str, context: Any) -> _Call | None:
     if gate.access_log is not None:
         call = _Call(request_id(given_id))
         context.set_trailing_metadata(((HEADER, call.rid),))
+        # for the calls it makes on (a component's predictor); the call is a task of its own: nothing to reset
+        requestids.current.set(call.rid)
     try:
         gate.authorize(servicer.access.get(method, servicer.default_access), authorization)
     except Unauthenticated as exc:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ovserve.common import requestids
+
 from ...errors import Unauthenticated
 from ...gate import INFERENCE, MANAGEMENT, OPEN, Access, Gate
 from ...gate.accesslog import HEADER, Clock, now_iso, request_id
@@ -82,6 +84,7 @@ class GateMiddleware:
                 sizes[1] += len(message.get("body", b""))
             await send(message)
 
+        forwarded = requestids.current.set(rid)  # for the calls the request makes on (a component's predictor)
         try:
             try:
                 self.gate.authorize(access_of(scope["method"], scope["path"]), authorization)
@@ -90,6 +93,7 @@ class GateMiddleware:
             else:
                 await self.app(scope, receiving, sending)
         finally:
+            requestids.current.reset(forwarded)
             params = scope.get("path_params") or {}  # set by the route that matched
             client = scope.get("client")
             self.gate.log({
