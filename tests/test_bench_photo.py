@@ -1,0 +1,60 @@
+"""``python -m bench.photo`` runs end to end: the harness behind issue 21's photo-path numbers cannot rot.
+
+The bench-tier test runs the real command in a child process, briefly, on the real MobileNetV2 (fetched
+by ovserve's zoo): every row (gRPC BYTES, REST binary, the in-process pipeline) answered without errors,
+and the run's file has the table and the targets; never a speed. The unit tests pin what the harness
+computes from its rows.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import photo
+from bench.measure import Row
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_path_answers_and_the_run_is_written(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.photo", "--duration", "0.8", "--warmup", "0.3", "--concurrency", "1,4",
+         "--wait-quiet", "0", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=840, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    if proc.returncode == 2 and "cannot be had" in proc.stderr:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [md] = tmp_path.glob("photo-*.md")
+    [data] = tmp_path.glob("photo-*.csv")
+    rows = list(csv.DictReader(data.open()))
+    assert {(r["server"], r["protocol"], r["concurrency"]) for r in rows} == {
+        (s, p, c) for (s, p) in photo.PATHS for c in ("1", "4")}
+    for r in rows:
+        assert float(r["throughput"]) > 0 and int(r["count"]) > 0 and int(r["errors"]) == 0, r
+    text = md.read_text()
+    assert "photo grpc c4 / in process c4" in text and "photo rest-binary c4 / in process c4" in text
+
+
+def test_served_paths_are_compared_with_the_in_process_pipeline_at_the_same_concurrency() -> None:
+    rows = [Row("mobilenet_v2", "ovserve", "grpc", 4, throughput=180.0, count=900, server_cpu_pct=150.0),
+            Row("mobilenet_v2", "ovserve", "rest-binary", 4, throughput=140.0, count=700, server_cpu_pct=140.0),
+            Row("mobilenet_v2", "raw", "photo", 4, throughput=200.0, count=1000, server_cpu_pct=120.0),
+            Row("mobilenet_v2", "raw", "photo", 1, throughput=100.0, count=500, server_cpu_pct=60.0)]
+    got = {t.case: t for t in photo.targets(rows)}
+    assert got["photo grpc c4 / in process c4"].value == 0.9 and got["photo grpc c4 / in process c4"].met
+    assert got["photo rest-binary c4 / in process c4"].value == 0.7
+    assert got["photo rest-binary c4 / in process c4"].met is False
+    body = {(r[0], r[1]): r for r in photo.table(rows)}
+    assert body[(photo.PATHS[("ovserve", "grpc")], "4")][-1] == "0.90"
+    assert body[(photo.PATHS[("ovserve", "grpc")], "4")][7] == "8333"  # 1.5 s of CPU per s / 180 images
+    assert body[(photo.PATHS[("raw", "photo")], "1")][-1] == ""  # the pipeline is the baseline
