@@ -33,7 +33,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     models.save(models.add_one(), repo, "add")
     log = tmp_path_factory.mktemp("log") / "access.log"
     proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--access-log", str(log),
-                          "--ts-inference-port", "0"])
+                          "--ts-inference-port", "0", "--ts-management-port", "0"])
     try:
         yield proc.wait_ready(), log
     finally:
@@ -132,6 +132,29 @@ def test_torchserve_listener_logs_too(logged: tuple[ServerProcess, Path]) -> Non
     (line,) = lines_for(log, "ts-1")
     assert (line["listener"], line["method"], line["model"], line["status"]) == (
         "ts-inference", "Predictions", "add", "OK")
+
+
+def test_torchserve_streams_and_management_log_too(logged: tuple[ServerProcess, Path]) -> None:
+    """Both TorchServe listeners: a stream is one line when it ends (its model the first message's), a
+    management call names the model it describes."""
+    server, log = logged
+    request = ts.inference_pb2.PredictionsRequest(model_name="add", input={"data": v2_body()})
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as channel:
+        stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        assert len(list(stub.StreamPredictions(request, metadata=[("x-request-id", "ts-s1")], timeout=30))) == 1
+        assert len(list(stub.StreamPredictions2(iter([request, request]), metadata=[("x-request-id", "ts-s2")],
+                                                timeout=30))) == 2
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-management']}") as channel:
+        management = ts.management_pb2_grpc.ManagementAPIsServiceStub(channel)
+        management.DescribeModel(ts.management_pb2.DescribeModelRequest(model_name="add"),
+                                 metadata=[("x-request-id", "ts-m1")], timeout=30)
+    for rid, listener, method in (("ts-s1", "ts-inference", "StreamPredictions"),
+                                  ("ts-s2", "ts-inference", "StreamPredictions2"),
+                                  ("ts-m1", "ts-management", "DescribeModel")):
+        (line,) = lines_for(log, rid)
+        assert (line["listener"], line["method"], line["model"], line["status"]) == (listener, method, "add", "OK")
+    (both,) = lines_for(log, "ts-s2")
+    assert both["bytes_in"] == 2 * request.ByteSize()  # the stream's messages summed
 
 
 def test_off_by_default(server: ServerProcess) -> None:
