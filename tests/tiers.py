@@ -32,7 +32,7 @@ MODULE_TIERS: dict[str, str] = {
     ], "integration"),
     **dict.fromkeys(["test_operator_k8s", "test_operator_resilience", "test_chart_k8s"], "operator"),
     **dict.fromkeys(["test_run", "test_run_transformer"], "local"),
-    **dict.fromkeys(["test_bench_smoke", "test_bench_tools", "test_bench_soak"], "bench"),
+    **dict.fromkeys(["test_bench_smoke", "test_bench_tools", "test_bench_soak", "test_bench_client_cost"], "bench"),
     "test_kind": "e2e",
 }
 
