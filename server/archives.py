@@ -176,8 +176,18 @@ def _decompressing(raw: IO[bytes]) -> _Reader:
     return raw  # a plain tar (or not a tar: tarfile says so)
 
 
+class _NoFilters(Exception):
+    """Stands in for tarfile.FilterError where tarfile has none (never raised)."""
+
+
+#: what tarfile's extraction filters raise; on a Python without them, an exception nothing raises, so that the
+#: handler below names a class there too (naming tarfile.FilterError there was an AttributeError, which hid
+#: the message saying what Python a tar needs: found running the image tier on Debian's Python 3.11.2)
+_FILTER_ERROR: type[Exception] = getattr(tarfile, "FilterError", _NoFilters)
+
+
 def _data_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-    if not hasattr(tarfile, "data_filter"):  # pragma: no cover - the filters came in 3.10.12 and 3.11.4
+    if not hasattr(tarfile, "data_filter"):  # the filters came in 3.10.12 and 3.11.4
         raise ArchiveError("this Python has no tar extraction filters: unpacking a tar needs Python "
                            "3.10.12, 3.11.4, 3.12 or later")
     return tarfile.data_filter(member, dest)
@@ -223,7 +233,7 @@ def _unpack_tar(archive: Path, dest: str, limits: Limits) -> None:
                 for member in tar:
                     _extract_member(tar, member, dest, written)
             stream.drain()
-        except tarfile.FilterError as exc:
+        except _FILTER_ERROR as exc:
             raise ArchiveError(f"unsafe entry: {exc}") from None
         except tarfile.TarError as exc:
             raise ArchiveError(f"not a valid archive ({exc})") from None

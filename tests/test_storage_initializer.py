@@ -561,3 +561,14 @@ def test_two_runs_into_one_dest_are_refused(site: str, tmp_path: Path) -> None:
         os.close(fd)
     assert snapshot(dest) == before
     assert run_cli(f"{site}/model.zip", str(dest)).returncode == 0
+
+
+def test_a_python_without_tar_filters_says_what_a_tar_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian bookworm's Python 3.11.2 (the image tier's stand-in base) has no tar extraction filters (3.10.12,
+    3.11.4): the refusal names the Python a tar needs (it was an AttributeError on tarfile.FilterError)."""
+    monkeypatch.delattr(tarfile, "data_filter")
+    monkeypatch.delattr(tarfile, "FilterError")
+    archive = tmp_path / "model.tar.gz"
+    archive.write_bytes(tar_bytes(MODEL))
+    with pytest.raises(StorageError, match="no tar extraction filters: unpacking a tar needs Python 3.10.12, 3.11.4"):
+        initialize(str(archive), tmp_path / "models")
