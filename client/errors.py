@@ -99,13 +99,24 @@ _BY_GRPC: dict[str, type[PredictorError]] = ({statuses(c)[1]: c for c in _CLASSE
                                              | {"OUT_OF_RANGE": PredictorInvalidInput})
 
 
-def error_from_http(status: int, message: str) -> PredictorError:
-    """The predictor's HTTP error as a ServerError with the same status (the nearest one for others)."""
+def error_from_http(status: int, message: str, retry_after: str | None = None) -> PredictorError:
+    """The predictor's HTTP error as a ServerError with the same status (the nearest one for others); a
+    429's ``Retry-After`` (delay-seconds) stays its retry hint, which a transformer answers in turn."""
     klass = _BY_HTTP.get(status) or (PredictorInvalidInput if 400 <= status < 500 else PredictorInternal)
-    return klass(message, status)
+    err = klass(message, status)
+    if isinstance(err, Overloaded) and retry_after and retry_after.strip().isdigit():
+        err.retry_after_s = max(Overloaded.MIN_RETRY_AFTER_S, float(retry_after))
+    return err
 
 
-def error_from_grpc(code_name: str, message: str) -> PredictorError:
+def error_from_grpc(code_name: str, message: str, pushback_ms: str | None = None) -> PredictorError:
+    """The predictor's gRPC error as a ServerError of the same code. RESOURCE_EXHAUSTED is a request too
+    large unless it carries a pushback (``grpc-retry-pushback-ms``), which a refusal under load does: then
+    an Overloaded (429) with the pushback as its retry hint."""
+    if code_name == "RESOURCE_EXHAUSTED" and pushback_ms is not None and pushback_ms.isdigit():
+        err = PredictorOverloaded(message)
+        err.retry_after_s = max(Overloaded.MIN_RETRY_AFTER_S, int(pushback_ms) / 1000)
+        return err
     return _BY_GRPC.get(code_name, PredictorInternal)(message)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ovserve.common import requestids
 from ovserve.common.codecs.datatypes import V2_TO_NUMPY
 from ovserve.common.codecs.tensors import (
     MAX_DIMS,
@@ -28,7 +29,7 @@ from ovserve.common.codecs.tensors import (
     reply_parameters,
     to_raw,
 )
-from ovserve.common.errors import InvalidInput
+from ovserve.common.errors import PUSHBACK_METADATA, InvalidInput
 from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
@@ -214,6 +215,9 @@ class GrpcPredictor:
             self._rotate()
         rpc = getattr(self.stub, method)
         metadata = None if self.token is None else (("authorization", f"Bearer {self.token.first()}"),)
+        rid = requestids.current.get()
+        if rid is not None:  # the id of the request this call serves goes on with it
+            metadata = (*(metadata or ()), (requestids.HEADER, rid))
         attempt = 0
         while True:
             try:
@@ -227,7 +231,7 @@ class GrpcPredictor:
                 # the channel's own "failed to connect" is worth a retry.
                 unreachable = code == grpc.StatusCode.UNAVAILABLE and _is_connection_failure(exc)
                 if not unreachable:
-                    raise error_from_grpc(code.name, exc.details() or code.name) from None
+                    raise error_from_grpc(code.name, exc.details() or code.name, _pushback(exc)) from None
                 if attempt >= self.retries:
                     raise PredictorUnavailable(
                         f"unreachable at {self.target} ({exc.details()})") from None
@@ -258,6 +262,14 @@ class GrpcPredictor:
             task.cancel()
             await old.close()
         await self.channel.close()
+
+
+def _pushback(exc: grpc.aio.AioRpcError) -> str | None:
+    """The server's ``grpc-retry-pushback-ms`` (gRFC A6), which ovserve's refusals under load carry."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == PUSHBACK_METADATA and isinstance(value, str):
+            return value
+    return None
 
 
 def _is_connection_failure(exc: grpc.aio.AioRpcError) -> bool:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import orjson
 
 from ovserve.common import requestids
+from ovserve.common.errors import RETRY_AFTER_HEADER
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
@@ -191,7 +192,7 @@ class RestPredictor:
         """:meth:`send`, with an error reply raised as the predictor's error."""
         resp = await self.send(method, path, **kw)
         if resp.status_code >= 400:
-            raise error_from_http(resp.status_code, http_message(resp))
+            raise error_from_http(resp.status_code, http_message(resp), resp.headers.get(RETRY_AFTER_HEADER))
         return resp
 
     # -- the predictor's API ----------------------------------------------

@@ -41,6 +41,12 @@ class PayloadTooLarge(ServerError):
     """The request is larger than the configured limit."""
 
 
+#: where each transport carries an Overloaded's retry hint: REST's header (RFC 9110), gRPC's trailing metadata
+#: (gRFC A6's server pushback, which a client's retry policy obeys)
+RETRY_AFTER_HEADER = "Retry-After"
+PUSHBACK_METADATA = "grpc-retry-pushback-ms"
+
+
 class Overloaded(ServerError):
     """The model has as many requests queued as it may (``--max-queued-requests``): refused at once rather
     than queued behind them; the client may retry later.

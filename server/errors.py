@@ -8,6 +8,8 @@ from __future__ import annotations
 from ovserve.common.errors import (
     GRPC_STATUS,
     HTTP_STATUS,
+    PUSHBACK_METADATA,
+    RETRY_AFTER_HEADER,
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
@@ -29,4 +31,4 @@ from ovserve.common.errors import (
 __all__ = ["ServerError", "InvalidInput", "NotFound", "Unavailable", "PayloadTooLarge", "FailedPrecondition",
            "AlreadyExists", "PermissionDenied", "Unauthenticated", "Overloaded",
            "Unsupported", "DeadlineExceeded", "InternalError", "HTTP_STATUS", "GRPC_STATUS", "statuses",
-           "http_status", "grpc_status"]
+           "http_status", "grpc_status", "RETRY_AFTER_HEADER", "PUSHBACK_METADATA"]

@@ -96,7 +96,7 @@ def predictor_infers(predictor_log: Path, rid: str, want: int) -> list[tuple[str
             if line["model"] == "matmul"]
 
 
-@pytest.mark.parametrize("protocol", ["v2"])
+@pytest.mark.parametrize("protocol", ["v2", "grpc-v2"])
 def test_a_clients_id_goes_through_the_transformer_to_every_predictor_call(
         predictor: ServerProcess, folder: Path, protocol: str) -> None:
     log = folder / f"transformer-{protocol}.log"
@@ -152,7 +152,7 @@ def test_without_its_own_access_log_the_transformer_still_sends_the_clients_id(p
         assert proc.stop() == 0, proc.output.text
 
 
-@pytest.mark.parametrize("protocol", ["v2"])
+@pytest.mark.parametrize("protocol", ["v2", "grpc-v2"])
 def test_every_predictor_call_of_an_explanation_carries_its_id(predictor: ServerProcess, folder: Path,
                                                                 protocol: str) -> None:
     log = folder / f"explainer-{protocol}.log"

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from . import models
 from .clients import post
-from .servers import ServerProcess
+from .servers import ServerProcess, TransformerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         {"name": "flag_bound", "base_path": str(base / "slow"), "nireq": 1},  # --max-queued-requests 1
         {"name": "unbounded", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 0},
         {"name": "retried", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
+        {"name": "relayed", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
     ])
     proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1",
                           "--metrics-enable"])
@@ -194,3 +195,46 @@ def test_a_refusal_says_when_to_come_back_and_a_grpc_retry_policy_waits_as_told(
     finally:
         long.join(180)
         filler.join(180)
+
+
+@pytest.fixture(scope="module")
+def relayed_estimate(server: ServerProcess) -> None:
+    """The relayed model's estimate of one inference: a long one (its first)."""
+    x = np.random.default_rng(12).integers(-64, 64, (LONG_ROWS, models.SLOW_K)).astype(np.float32)
+    assert rest_infer(server.url, "relayed", x)[0] == 200
+
+
+@pytest.mark.parametrize("protocol", ["v2", "grpc-v2"])
+def test_a_transformer_answers_its_predictors_hint(server: ServerProcess, relayed_estimate: None,
+                                                   protocol: str) -> None:
+    """A transformer in front of a model that sheds answers 429 with the predictor's own Retry-After (not a
+    default) whichever protocol it speaks to it: over gRPC the pushback tells a refusal under load from a
+    request too large (both RESOURCE_EXHAUSTED), and becomes the Retry-After."""
+    model, rng = "relayed", np.random.default_rng(12)
+    x = rng.integers(-64, 64, (LONG_ROWS, models.SLOW_K)).astype(np.float32)
+    host = server.grpc_target if protocol == "grpc-v2" else f"127.0.0.1:{server.rest_port}"
+    transformer = TransformerProcess("--model_name", model, "--predictor_host", host, "--predictor_protocol", protocol)
+    long = threading.Thread(target=rest_infer, args=(server.url, model, x))
+    filler = threading.Thread(target=grpc_infer, args=(server.grpc_target, model, x[:1]))
+    try:
+        transformer.wait_ready()
+        long.start()
+        time.sleep(1.0)  # the long request holds the one infer request; the next one fills the queue of 1
+        filler.start()
+        time.sleep(0.5)
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, models.SLOW_K], "datatype": "FP32",
+                                       "data": x[0].tolist()}]}).encode()
+        hints = []
+        for url in (server.url, transformer.url):  # the predictor, then through the transformer
+            status, headers, content = post(f"{url}/v2/models/{model}/infer", body,
+                                            headers={"Content-Type": "application/json"}, timeout=60)
+            assert status == 429, content
+            hints.append(headers["Retry-After"])
+            assert "overloaded" in json.loads(content)["error"]
+        # two queued inferences of a long one ahead: more than the least hint, and the same through both
+        assert int(hints[0]) >= 2 and hints[1] == hints[0], hints
+    finally:
+        for t in (long, filler):
+            if t.ident is not None:  # started
+                t.join(180)
+        transformer.stop()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
-from ...errors import Overloaded, ServerError, Unavailable, grpc_status
+from ...errors import PUSHBACK_METADATA, Overloaded, ServerError, Unavailable, grpc_status
 from ...gate import INFERENCE, OPEN_GATE, Access, Gate
 from ...metrics.calls import Call
 from .gate import gated_stream, gated_unary
@@ -70,16 +70,12 @@ def status_of(exc: ServerError) -> grpc.StatusCode:
     return grpc.StatusCode[grpc_status(exc)]
 
 
-#: gRPC's server pushback (gRFC A6): milliseconds a client's retry policy waits before its next attempt
-PUSHBACK = "grpc-retry-pushback-ms"
-
-
 async def abort(context: Any, exc: ServerError) -> None:
     """End the call with the error's status and message; a refusal under load (Overloaded) also says when
     to come back, in the trailing metadata beside what is there (the access log's x-request-id)."""
     if isinstance(exc, Overloaded):
         kept = tuple(context.trailing_metadata() or ())
-        context.set_trailing_metadata((*kept, (PUSHBACK, exc.pushback_ms())))
+        context.set_trailing_metadata((*kept, (PUSHBACK_METADATA, exc.pushback_ms())))
     await context.abort(status_of(exc), exc.message)
 
 

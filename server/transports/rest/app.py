@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...dataplane import DataPlane
-from ...errors import Overloaded, ServerError, http_status
+from ...errors import RETRY_AFTER_HEADER, Overloaded, ServerError, http_status
 from ...gate import OPEN_GATE, Gate
 from . import v1, v2
 from .gate import GateMiddleware
@@ -33,7 +33,7 @@ async def _on_server_error(request: Request, exc: Exception) -> Response:
     if status >= 500 and status != 503 and not exc.logged:
         log.error("%s %s: %s", request.method, request.url.path, exc.message)
     if isinstance(exc, Overloaded):  # a refusal under load says when to come back (RFC 9110 Retry-After)
-        return error_response(status, exc.message, {"Retry-After": exc.retry_after_header()})
+        return error_response(status, exc.message, {RETRY_AFTER_HEADER: exc.retry_after_header()})
     return error_response(status, exc.message)
 
 
