@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 import requests
+from google.rpc import error_details_pb2
 
 from . import models
 from .mar import SLOW_HANDLER, build_mar, stage_add_model, write_model_config
@@ -141,6 +142,15 @@ def test_a_flood_past_the_handler_queue_is_refused_at_once_and_the_queued_all_su
         # the queue is full while the long request still holds the worker
         assert "long" not in early, order
         assert queue_status(management, "sleepy") == {"remainingCapacity": 0, "pendingRequests": FLAG_BOUND}
+        # a stream's message is refused in-band, the stream kept open, its hint as the rich error model's
+        # RetryInfo (no trailing metadata per message)
+        (answer,) = inference.StreamPredictions2(iter([inference_pb2.PredictionsRequest(
+            model_name="sleepy", input={"data": b"0"}, sequence_id="s-1")]), timeout=60)
+        assert answer.sequence_id == "s-1" and answer.status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert "max_queued_requests" in answer.status.message
+        (detail,) = answer.status.details
+        info = error_details_pb2.RetryInfo()
+        assert detail.Unpack(info) and info.retry_delay.ToMilliseconds() >= 1000, detail
         for t in [long, *flood]:
             t.join(120)
         assert len(results) == FLOOD + 1
@@ -158,7 +168,7 @@ def test_a_flood_past_the_handler_queue_is_refused_at_once_and_the_queued_all_su
             assert pushback.isdigit() and int(pushback) >= 1000, results[who]
         finished = [who for who, _ in order]
         assert max(finished.index(who) for who in refused) < finished.index("long"), order
-        assert shed_count(server, "sleepy") == len(refused)  # counted in the metrics
+        assert shed_count(server, "sleepy") == len(refused) + 1  # counted in the metrics, the stream's too
         logged = {line["request_id"]: line for line in map(json.loads, server.access_log.read_text().splitlines())}
         for who in refused:
             line = logged[who]

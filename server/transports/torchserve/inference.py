@@ -4,8 +4,8 @@ Errors take their status from the one error table (a model that does not exist i
 NOT_FOUND, where TorchServe answers INTERNAL; a failing handler is INTERNAL with its
 message, where TorchServe answers UNAVAILABLE, which clients retry). StreamPredictions2
 answers each request on the stream, ``sequence_id`` echoed, a failure in-band in
-``status`` with the stream kept open, and every pending answer delivered after the
-client half-closes.
+``status`` with the stream kept open (a refusal under load with a ``google.rpc.RetryInfo``
+detail), and every pending answer delivered after the client half-closes.
 """
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
-from google.rpc import status_pb2
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from ovserve.common.proto.torchserve import inference_pb2 as pb
 from ovserve.common.proto.torchserve import inference_pb2_grpc as pb_grpc
 
 from ...dataplane import DataPlane
-from ...errors import ServerError
+from ...errors import Overloaded, ServerError
 from ...gate import OPEN, Access
 from ...metrics import calls
 from ..grpc.calls import Metadata, Observed, Servicer, bidi, enter, in_band, status_of, streaming, unary
@@ -81,9 +82,7 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
                         async for chunk in answers:
                             yield pb.PredictionResponse(prediction=chunk, sequence_id=seq)
                 except Exception as exc:
-                    code = (status_of(exc) if isinstance(exc, ServerError) else grpc.StatusCode.INTERNAL).value[0]
-                    yield pb.PredictionResponse(sequence_id=seq, status=status_pb2.Status(
-                        code=code, message=in_band(exc, "StreamPredictions2")))
+                    yield pb.PredictionResponse(sequence_id=seq, status=_status(exc))
         finally:
             self.in_flight.leave()
 
@@ -104,6 +103,18 @@ async def _answers(dp: DataPlane, msg: pb.PredictionsRequest, context: Any, sequ
         yield call.result()
     finally:
         call.cancel()
+
+
+def _status(exc: Exception) -> status_pb2.Status:
+    """A failed message's in-band status; a refusal under load with its retry hint as the rich error model's
+    RetryInfo detail (an in-band answer has no trailing metadata for ``grpc-retry-pushback-ms``)."""
+    code = (status_of(exc) if isinstance(exc, ServerError) else grpc.StatusCode.INTERNAL).value[0]
+    status = status_pb2.Status(code=code, message=in_band(exc, "StreamPredictions2"))
+    if isinstance(exc, Overloaded):
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(int(exc.pushback_ms()))
+        status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    return status
 
 
 def _counted(metrics: Metrics, msg: pb.PredictionsRequest, started: float) -> Any:
