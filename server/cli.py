@@ -28,6 +28,8 @@ _COMPONENTS = {
     "storage-initializer": ".storage",
     "transformer": ".components.transformer_server",
     "explainer": ".components.explainer",
+    # the image's HEALTHCHECK: asks the server running beside it, whose flags it reads from /proc
+    "health": ".health",
     # the local runner lives with the operator's builders it executes: dispatched by name, never imported here
     "run": "ovserve.operator.local.command",
     # the client's command, also the client-only install's `ovserve-infer`: dispatched by name as well
@@ -173,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .components.transformer_server import main as transformer_main
 
         return transformer_main(ns)
-    if ns.command in ("run", "infer"):
-        code: int = importlib.import_module(_COMPONENTS[ns.command]).main(ns)  # by name: see _COMPONENTS
+    if ns.command in ("run", "infer", "health"):
+        code: int = importlib.import_module(_COMPONENTS[ns.command], __package__).main(ns)  # by name: see _COMPONENTS
         return code
     if ns.command == "explainer":
         from .components.explainer import main as explainer_main
