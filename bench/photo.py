@@ -19,7 +19,6 @@ pipeline's throughput at concurrency 4. Written to
 from __future__ import annotations
 
 import argparse
-import csv
 import shlex
 import signal
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 from . import models, report, servers, soak, specs
 from .loadgen import Case
-from .measure import ROOT, Row, run_case, wait_quiet
+from .measure import ROOT, Row, run_quietest, wait_quiet
 
 MODEL = "mobilenet_v2"
 RESULTS = ROOT / "bench" / "results"
@@ -73,12 +72,7 @@ class Runner:
 
     def measure(self, case: Case, server: str, pid: int | None) -> None:
         """Run a case; rerun it when the rest of the machine was busy meanwhile, keep the quietest."""
-        tries = [run_case(case, server, pid, self.log)]
-        while tries[-1].other_cpu_pct > self.args.max_noise and len(tries) < 3 and self.args.wait_quiet > 0:
-            self.log(f"  (other processes took {tries[-1].other_cpu_pct:.0f}% of a core: measuring again)")
-            wait_quiet(10, self.args.wait_quiet, self.log)
-            tries.append(run_case(case, server, pid, self.log))
-        row = min(tries, key=lambda r: r.other_cpu_pct)
+        row = run_quietest(case, server, pid, self.args.max_noise, self.args.wait_quiet, self.log)
         self.rows.append(row)
         err = f" ({row.first_error[:160]})" if row.first_error else ""
         self.log(f"  {server:8} {row.protocol:12} c{case.concurrency:<3} {row.throughput:7.0f}/s  p50 "
@@ -161,19 +155,8 @@ def document(rows: list[Row], command: str, started: datetime, args: argparse.Na
 
 
 def write(rows: list[Row], text: str, started: datetime, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = started.strftime("%Y%m%d-%H%M")
-    if (out / f"photo-{stamp}.md").exists():
-        stamp = started.strftime("%Y%m%d-%H%M%S")
-    md, data = out / f"photo-{stamp}.md", out / f"photo-{stamp}.csv"
-    md.write_text(text)
-    with data.open("w", newline="") as f:
-        dicts = [r.as_dict() for r in rows]
-        w = csv.DictWriter(f, fieldnames=["started", *(dicts[0] if dicts else {})])
-        w.writeheader()
-        for d in dicts:
-            w.writerow({"started": started.isoformat(timespec="seconds"), **d})
-    return [md, data]
+    """``photo-<stamp>.md`` and ``.csv`` in ``out``."""
+    return report.write_named("photo", rows, text, started, out)
 
 
 def main(argv: list[str]) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,9 @@ def _window(case: Case, rec: Recorder, stop: threading.Event) -> tuple[float, fl
     return elapsed, cpu
 
 
-def run_sync(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorder) -> Stats:
+def _threaded(case: Case, compiled: ov.CompiledModel, rec: Recorder,
+              one: Callable[[ov.InferRequest], None]) -> Stats:
+    """``concurrency`` threads, each with its own infer request, timing ``one(request)`` in a loop."""
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -57,7 +60,7 @@ def run_sync(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorde
         clock = time.perf_counter_ns
         while not stop.is_set():
             t0 = clock()
-            req.infer({0: x}, share_inputs=True)
+            one(req)
             ns = clock() - t0
             with lock:
                 rec.ok(ns)
@@ -69,6 +72,10 @@ def run_sync(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorde
     for t in threads:
         t.join(case.timeout)
     return rec.stats(elapsed, cpu)
+
+
+def run_sync(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorder) -> Stats:
+    return _threaded(case, compiled, rec, lambda req: req.infer({0: x}, share_inputs=True))
 
 
 def run_async(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Recorder) -> Stats:
@@ -108,33 +115,18 @@ def run_async(case: Case, compiled: ov.CompiledModel, x: np.ndarray, rec: Record
 def run_photo(case: Case, compiled: ov.CompiledModel, image: bytes, rec: Recorder) -> Stats:
     import cv2
 
-    stop = threading.Event()
-    lock = threading.Lock()
     shape = compiled.input(0).get_partial_shape()  # NHWC, UINT8; the batch may be dynamic, H and W are not
     height, width = shape[1].get_length(), shape[2].get_length()
     encoded = np.frombuffer(image, np.uint8)
 
-    def loop() -> None:
-        req = compiled.create_infer_request()
-        clock = time.perf_counter_ns
-        while not stop.is_set():
-            t0 = clock()
-            img = cv2.resize(cv2.imdecode(encoded, cv2.IMREAD_COLOR), (width, height), interpolation=cv2.INTER_LINEAR)
-            req.start_async({0: img[None]}, share_inputs=True)
-            req.wait()
-            scores = req.get_output_tensor(0).data.reshape(-1)
-            np.argpartition(-scores, 5)[:5]  # the top 5, as the server's client would read them
-            ns = clock() - t0
-            with lock:
-                rec.ok(ns)
+    def one(req: ov.InferRequest) -> None:
+        img = cv2.resize(cv2.imdecode(encoded, cv2.IMREAD_COLOR), (width, height), interpolation=cv2.INTER_LINEAR)
+        req.start_async({0: img[None]}, share_inputs=True)
+        req.wait()
+        scores = req.get_output_tensor(0).data.reshape(-1)
+        np.argpartition(-scores, 5)[:5]  # the top 5, as the server's client would read them
 
-    threads = [threading.Thread(target=loop, daemon=True) for _ in range(case.concurrency)]
-    for t in threads:
-        t.start()
-    elapsed, cpu = _window(case, rec, stop)
-    for t in threads:
-        t.join(case.timeout)
-    return rec.stats(elapsed, cpu)
+    return _threaded(case, compiled, rec, one)
 
 
 def run(case: Case, spec: ModelSpec, x: np.ndarray) -> Stats:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import shlex
 import signal
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from . import models, report, servers, soak, specs, ts_peer
 from .loadgen import Case
-from .measure import ROOT, Row, run_case, wait_quiet
+from .measure import ROOT, Row, run_quietest, wait_quiet
 
 MODEL = ts_peer.MODEL
 RESULTS = ROOT / "bench" / "results"
@@ -121,12 +120,7 @@ class Runner:
 
     def measure(self, case: Case, server: str, pid: int) -> None:
         """Run a case; rerun it when the rest of the machine was busy meanwhile, keep the quietest."""
-        tries = [run_case(case, server, pid, self.log)]
-        while tries[-1].other_cpu_pct > self.args.max_noise and len(tries) < 3 and self.args.wait_quiet > 0:
-            self.log(f"  (other processes took {tries[-1].other_cpu_pct:.0f}% of a core: measuring again)")
-            wait_quiet(10, self.args.wait_quiet, self.log)
-            tries.append(run_case(case, server, pid, self.log))
-        row = min(tries, key=lambda r: r.other_cpu_pct)
+        row = run_quietest(case, server, pid, self.args.max_noise, self.args.wait_quiet, self.log)
         self.rows.append(row)
         err = f" ({row.first_error[:160]})" if row.first_error else ""
         self.log(f"  {server:10} {case.kind:8} c{case.concurrency:<3} {row.throughput:7.0f}/s  p50 {row.p50_ms:7.2f} ms"
@@ -265,20 +259,8 @@ def document(rows: list[Row], setup: Setup, command: str, started: datetime, arg
 
 
 def write(rows: list[Row], text: str, started: datetime, out: Path) -> list[Path]:
-    """``torchserve-<stamp>.md`` and ``.csv`` in ``out`` (with the seconds when that minute's file exists)."""
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = started.strftime("%Y%m%d-%H%M")
-    if (out / f"torchserve-{stamp}.md").exists():
-        stamp = started.strftime("%Y%m%d-%H%M%S")
-    md, data = out / f"torchserve-{stamp}.md", out / f"torchserve-{stamp}.csv"
-    md.write_text(text)
-    with data.open("w", newline="") as f:
-        dicts = [r.as_dict() for r in rows]
-        w = csv.DictWriter(f, fieldnames=["started", *(dicts[0] if dicts else {})])
-        w.writeheader()
-        for d in dicts:
-            w.writerow({"started": started.isoformat(timespec="seconds"), **d})
-    return [md, data]
+    """``torchserve-<stamp>.md`` and ``.csv`` in ``out``."""
+    return report.write_named("torchserve", rows, text, started, out)
 
 
 def local_versions() -> dict[str, str]:
