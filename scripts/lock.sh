@@ -6,12 +6,13 @@
 #                              dependencies (the two wheels themselves are built from the checkout)
 #   requirements/operator.txt  the operator image: the [operator] extra alone
 #   requirements/build.txt     what builds the two wheels (setuptools, wheel: pyproject's build-system)
+#   requirements/sbom.txt      what writes each image's SBOM in the builder stage (cyclonedx-bom, below)
 # The Dockerfiles install them with `pip install --require-hashes --no-deps -r ...`: nothing is
 # resolved at build time, so two builds of one commit install the same files.
 #
 # Usage: bash scripts/lock.sh    re-resolve everything to the newest versions pyproject allows
 # (tests/test_locks.py fails when a lock no longer satisfies pyproject.toml.)
-# uv comes from the [dev] extra (.venv/bin/uv), else from PATH. Commit the three files it writes.
+# uv comes from the [dev] extra (.venv/bin/uv), else from PATH. Commit the four files it writes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -31,8 +32,10 @@ project = tomllib.loads(Path("pyproject.toml").read_text())
 (work / "server.in").write_text("./packaging/client\n.[grpc-native]\n")
 (work / "operator.in").write_text("\n".join(project["project"]["optional-dependencies"]["operator"]) + "\n")
 (work / "build.in").write_text("\n".join(project["build-system"]["requires"]) + "\n")
+# CycloneDX's own generator for Python environments (`cyclonedx-py environment`): the builder stage only
+(work / "sbom.in").write_text("cyclonedx-bom>=7.5\n")
 EOF
-for lock in server operator build; do
+for lock in server operator build sbom; do
     # --no-config: no uv.toml or UV_* index settings of this machine; PyPI is the only index
     "$UV" pip compile --quiet --no-config --generate-hashes --python-version 3.11 \
         --python-platform x86_64-manylinux_2_36 --index-url https://pypi.org/simple \

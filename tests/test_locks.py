@@ -69,6 +69,7 @@ INPUTS = {
     + needs(PYPROJECT["project"]["optional-dependencies"]["grpc-native"]),
     "operator": needs(PYPROJECT["project"]["optional-dependencies"]["operator"]),
     "build": needs(PYPROJECT["build-system"]["requires"]),
+    "sbom": needs(["cyclonedx-bom>=7.5"]),  # scripts/lock.sh's own input: the builder's SBOM generator
 }
 
 
