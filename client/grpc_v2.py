@@ -69,7 +69,7 @@ def infer_request_pb(model: str, version: str, request_id: str, parameters: dict
     raws = msg.raw_input_contents
     for name, datatype, shape, params, raw in inputs:
         tensor = msg.inputs.add(name=name, datatype=datatype, shape=shape)
-        if params and (params.keys() - {"binary_data_size"}):
+        if params and (len(params) > 1 or "binary_data_size" not in params):  # more than the wire's own
             params_to_pb(tensor.parameters, reply_parameters(params))
         raws.append(raw)
     for name, params in outputs:
@@ -101,9 +101,8 @@ def _tensors(items: Any, raw: Sequence[bytes], what: str) -> list[Tensor]:
         params = params_from_pb(t.parameters) if t.parameters else {}
         if raw and i < len(raw):
             dtype = V2_TO_NUMPY.get(datatype)
-            if dtype is not None and dtype.kind != "O" and len(shape) <= MAX_DIMS and \
-                    all(d >= 0 for d in shape) and math.prod(shape) <= MAX_ELEMENTS and \
-                    len(raw[i]) == math.prod(shape) * dtype.itemsize:
+            if dtype is not None and dtype.kind != "O" and len(shape) <= MAX_DIMS and min(shape, default=0) >= 0 \
+                    and math.prod(shape) <= MAX_ELEMENTS and len(raw[i]) == math.prod(shape) * dtype.itemsize:
                 out.append(Tensor(t.name, datatype, shape, np.frombuffer(raw[i], dtype).reshape(shape), params))
                 continue
         where = f"{what} {t.name!r}"

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from ovserve.common.codecs.datatypes import NUMPY_TO_V2, numpy_dtype
+from ovserve.common.codecs.datatypes import NUMPY_TO_V2, V2_TO_NUMPY, numpy_dtype
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.errors import ServerError
 from ovserve.common.types import InferRequest as NeutralRequest
@@ -122,8 +122,10 @@ class _Tensor:
     @classmethod
     def _decoded(cls, tensor: Tensor) -> Any:
         """One of a reply's tensors, its data a numpy array."""
-        out = cls(tensor.name, list(tensor.shape), tensor.datatype, parameters=dict(tensor.parameters))
-        out._array = tensor.data
+        out = cls.__new__(cls)  # the fields set here, without __init__'s conversions: one per output per call
+        out._name, out._shape, out._datatype = tensor.name, list(tensor.shape), tensor.datatype
+        out._parameters, out._data, out._raw_data = dict(tensor.parameters), None, None
+        out._array, out._json = tensor.data, False
         return out
 
     @property
@@ -210,8 +212,11 @@ class _Tensor:
         if binary_data:
             self._data = None
             self._json = False
-            with invalid_input():
-                self._raw_data = to_raw(input_tensor, self._datatype)
+            if input_tensor.dtype == V2_TO_NUMPY[dtype] and dtype != "BYTES":  # little-endian already
+                self._raw_data = input_tensor.tobytes()  # C order, whatever the array's layout
+            else:
+                with invalid_input():
+                    self._raw_data = to_raw(input_tensor, self._datatype)
             if self._parameters is None:
                 self._parameters = {}
             self._parameters["binary_data_size"] = len(self._raw_data)
@@ -484,7 +489,8 @@ class InferRequest:
     def to_grpc(self) -> Message:
         """A ModelInferRequest, every input in ``raw_input_contents`` (values given as lists are encoded too)."""
         infer_request_pb = _grpc_v2().infer_request_pb
-        inputs = [(t.name, t.datatype, t.shape, t.parameters or {}, t._raw()) for t in self.inputs]
+        inputs = [(t._name, t._datatype, t._shape, t._parameters,
+                   t._raw_data if t._raw_data is not None else t._raw()) for t in self.inputs]
         outputs = [(o.name, o.parameters or {}) for o in self.request_outputs or ()]
         with invalid_input():
             return infer_request_pb(self.model_name, self.model_version or "", self.id or "", self.parameters or {},
@@ -567,7 +573,9 @@ class InferResponse:
     def from_grpc(cls, response: Message) -> InferResponse:
         """A ModelInferResponse (raw or typed contents) as an InferResponse; the outputs are decoded and checked."""
         with invalid_input():
-            return cls._from_neutral(_grpc_v2().response_from_pb(response, "output"), from_grpc=True)
+            neutral = _grpc_v2().response_from_pb(response, "output")
+        return cls(neutral.id, neutral.model_name, [InferOutput._decoded(t) for t in neutral.outputs],
+                   model_version=neutral.model_version, from_grpc=True, parameters=neutral.parameters)
 
     def to_grpc(self) -> Message:
         """A ModelInferResponse, every output in ``raw_output_contents``."""
