@@ -9,7 +9,8 @@ calls, then ``--calls`` sequential calls, each one what a user's code does (buil
 array, infer, read the output as numpy), and reports the process's CPU time (user + system, every thread:
 gRPC's and the event loop's too) and the wall time over those calls, per call in microseconds. A round
 runs every client once, in turn; the table holds each client's median over ``--rounds`` rounds, so that
-what else the machine does falls on every client alike. Every answer is checked (x + 1).
+what else the machine does falls on every client alike (each round starts with the next
+client). Every answer is checked (x + 1).
 
 The clients, each with its own defaults: over gRPC ovserve's ``InferenceGRPCClient`` (async, KServe's
 API), kserve's ``InferenceGRPCClient``, tritonclient's ``tritonclient.grpc`` (sync) and
@@ -18,7 +19,7 @@ kserve's (a binary input, JSON outputs), ``tritonclient.http`` (sync) and ``trit
 client whose package is not installed is left out, with a line saying so.
 
 The run is written to ``--out`` as ``client-cost-<stamp>.md``; docs/performance.md ("Client CPU per
-call") cites it. No figure here is asserted anywhere: tests/test_bench_smoke.py only runs it with a few
+call") cites it. No figure here is asserted anywhere: tests/test_bench_client_cost.py only runs it with a few
 calls.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import resource
 import shlex
 import statistics
 import subprocess
@@ -222,6 +224,12 @@ def run_worker(client: str, grpc_target: str, rest_url: str, calls: int, warmup:
     return out
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children: the clients' processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def available(client: str) -> bool:
     return importlib.util.find_spec(CLIENTS[client][1]) is not None
 
@@ -285,8 +293,11 @@ def main(argv: list[str]) -> int:
             print(f"ovserve: pid {server.proc.pid}, REST {server.rest_port}, gRPC {server.grpc_port}; "
                   f"{args.calls} calls after {args.warmup} per client, {args.rounds} rounds", flush=True)
             busy0, cpu0, wall0 = machine_busy_seconds(), server.cpu_seconds(), time.perf_counter()
+            children0 = _children_cpu()
             for round_no in range(1, args.rounds + 1):
-                for c in clients:
+                # each round starts with the next client, so that no client always follows the same one
+                turn = (round_no - 1) % len(clients)
+                for c in clients[turn:] + clients[:turn]:
                     got = run_worker(c, grpc_target, rest_url, args.calls, args.warmup)
                     results[c].cpu_us.append(got["cpu_us"])
                     results[c].wall_us.append(got["wall_us"])
@@ -294,18 +305,20 @@ def main(argv: list[str]) -> int:
                           flush=True)
             elapsed = time.perf_counter() - wall0
             server_pct = 100 * (server.cpu_seconds() - cpu0) / elapsed
-            machine_pct = 100 * (machine_busy_seconds() - busy0) / elapsed
+            clients_pct = 100 * (_children_cpu() - children0) / elapsed
+            # what else ran on the machine meanwhile: its busy CPU less the server's and the clients' processes
+            others_pct = max(0.0, 100 * (machine_busy_seconds() - busy0) / elapsed - server_pct - clients_pct)
     rows = list(results.values())
     print()
     print(table(rows, markdown=False))
     if args.out is not None:
-        path = write(args, rows, command, started, background, server_pct, machine_pct)
+        path = write(args, rows, command, started, background, server_pct, others_pct)
         print(f"\nwrote {path}")
     return 0
 
 
 def write(args: argparse.Namespace, rows: list[Result], command: str, started: Any, background: float | None,
-          server_pct: float, machine_pct: float) -> Path:
+          server_pct: float, others_pct: float) -> Path:
     from . import report
 
     m = report.machine()
@@ -318,9 +331,10 @@ def write(args: argparse.Namespace, rows: list[Result], command: str, started: A
         (f"- command: `{command}`: the `{MODEL}` model (FP32 [1,16]) on one ovserve server, 127.0.0.1; each client "
          f"in a process of its own, {args.warmup} calls of warm-up, then {args.calls} sequential calls (build the "
          "request from numpy, infer, output as numpy); its process's CPU time (user + system, every thread) and "
-         f"wall time per call; medians of {args.rounds} rounds, each running every client once in turn"),
-        (f"- load: 1/5/15-minute load average at the end {' '.join(load) or 'n/a'}; over the run the machine was "
-         f"busy {machine_pct:.0f}% of a core in all, the server {server_pct:.0f}%"
+         f"wall time per call; medians of {args.rounds} rounds, each running every client once in turn, "
+         "each round starting with the next client"),
+        (f"- load: 1/5/15-minute load average at the end {' '.join(load) or 'n/a'}; over the run other processes "
+         f"took {others_pct:.0f}% of a core (the server {server_pct:.0f}%)"
          + (f"; other processes' CPU just before: {background:.0f}% of a core" if background is not None else "")),
         "",
         table(rows, markdown=True),
