@@ -94,7 +94,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     one = serve.add_argument_group(
         "model options (as in config.json; defaults for every model, config.json entries override them)")
     _add(one, "--target-device", str, d.target_device, "OpenVINO device")
-    _add(one, "--nireq", int, d.nireq, "parallel infer requests; 0 = the device's optimal number")
+    _add(one, "--nireq", int, d.nireq,
+         "parallel infer requests; 0 = twice the device's optimal number (with dynamic batching: the optimal number)")
     _add(one, "--shape", str, None, "input shape, e.g. '(1,3,224,224)' or '{\"x\": \"(-1,16)\"}'")
     _add(one, "--layout", str, None, "input layout, e.g. NHWC or NHWC:NCHW")
     _add(one, "--batch-size", str, None, "batch size to reshape the model to")

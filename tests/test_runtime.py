@@ -52,6 +52,20 @@ def test_many_concurrent_requests_share_a_small_pool(tmp_path: Path) -> None:
     assert len(model._idle) == 2  # every request went back to the pool
 
 
+@pytest.mark.parametrize("hint", ["LATENCY", "THROUGHPUT"])
+def test_without_nireq_a_model_gets_a_request_queued_behind_each_stream(tmp_path: Path, hint: str) -> None:
+    """Twice the device's optimal number of infer requests (docs/performance.md, "Infer requests per stream"),
+    the optimal number with dynamic batching, and exactly what a model's nireq says."""
+    props = {**F32, "PERFORMANCE_HINT": hint}
+    plain = _load(tmp_path / "plain", models.add_one(), plugin_config=props)
+    assert plain._compiled is not None
+    optimal = int(plain._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    assert plain.nireq == len(plain._slots) == rt.NIREQ_PER_OPTIMAL * optimal == 2 * optimal
+    batched = _load(tmp_path / "batched", models.add_one(), plugin_config=props, max_batch_size=4)
+    assert batched.nireq == optimal
+    assert _load(tmp_path / "own", models.add_one(), plugin_config=props, nireq=3).nireq == 3
+
+
 @pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["never-inline", "always-inline"])
 def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inline_below: float,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:

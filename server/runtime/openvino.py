@@ -54,7 +54,7 @@ class LoadOptions:
     shape: Any = None  # str "(1,3,224,224)", list, or {input: shape}
     layout: Any = None  # "NHWC", "NHWC:NCHW", or {input: layout}
     batch_size: Any = None  # int or str
-    nireq: int = 0  # 0: the device's optimal number
+    nireq: int = 0  # 0: twice the device's optimal number (its optimal number with dynamic batching)
     plugin_config: dict[str, Any] = field(default_factory=dict)
     #: dynamic batching: join concurrent requests into batches of up to this many (0/1: off)
     max_batch_size: int = 0
@@ -166,6 +166,14 @@ def find_model_file(version_dir: Path) -> Path:
 #: milliseconds-long inferences starved every other model, and the transport
 #: that needs the most loop turns per request (docs/performance.md "Soak").
 INLINE_BELOW_S = 150e-6
+#: infer requests per model without ``nireq`` of its own, per one of the device's optimal number. The
+#: optimal number is one per stream; with only that, a stream waits, each time an inference completes,
+#: for the completion to reach the event loop, the outputs to be read and the next request's inputs to be
+#: bound before it has work again (MobileNetV2, 2 streams, gRPC at 4 in flight: the streams busy 0.87 of
+#: the time, 1.3 ms median hand-off; with twice as many requests one is always queued behind the running
+#: one, 0.98; `python -m bench.timeline`, docs/performance.md "Infer requests per stream"). Not for
+#: dynamic batching, where a free request is what sends a batch off early.
+NIREQ_PER_OPTIMAL = 2
 #: Weight of the newest measurement in the running estimate of an inference's duration.
 _EWMA = 0.2
 
@@ -303,7 +311,8 @@ class OpenVINOModel:
         self.inputs = [self._port(p, i, "input") for i, p in enumerate(compiled.inputs)]
         self.outputs = [self._port(p, i, "output") for i, p in enumerate(compiled.outputs)]
         optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self.nireq = opts.nireq if opts.nireq > 0 else max(optimal, 1)
+        per = NIREQ_PER_OPTIMAL if opts.max_batch_size <= 1 else 1
+        self.nireq = opts.nireq if opts.nireq > 0 else per * max(optimal, 1)
         try:
             self.streams = int(compiled.get_property("NUM_STREAMS"))
         except Exception:  # a device without the property: ovms_streams reads 0
