@@ -43,7 +43,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+import tomllib
 import tritonclient.grpc as tgrpc
+from packaging.utils import canonicalize_name
 
 from ovserve.server.child import free_ports
 
@@ -170,6 +172,36 @@ def test_image_config(images: Images, image: str) -> None:
         assert config["Entrypoint"] == ["ovserve-operator"]
     size = int(podman("image", "inspect", "--format", "{{.Size}}", ref).stdout)
     print(f"\n{ref}: {size / 1e6:.0f} MB")
+
+
+def lock(name: str) -> dict[str, str]:
+    """requirements/<name>.txt as package -> version."""
+    text = (ROOT / "requirements" / f"{name}.txt").read_text()
+    return {canonicalize_name(n): v for n, v in re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) \\$", text, re.M)}
+
+
+def sbom_of(ref: str) -> dict[str, str]:
+    """The image's /opt/ovserve/sbom.cdx.json (CycloneDX) as package -> version, checked for its form."""
+    root = podman("image", "mount", ref).stdout.strip()  # the image's files, read without a container
+    try:
+        doc = json.loads((Path(root) / "opt/ovserve/sbom.cdx.json").read_text())
+    finally:
+        podman("image", "unmount", ref, check=False)
+    assert doc["bomFormat"] == "CycloneDX" and doc["specVersion"].startswith("1."), doc.get("specVersion")
+    found = {canonicalize_name(c["name"]): c["version"] for c in doc["components"]}
+    # a package URL for each from PyPI; the two built from the checkout come from no index, so have none
+    for c in doc["components"]:
+        local = canonicalize_name(c["name"]) in ("ovserve", "ovserve-client")
+        assert ("purl" not in c) if local else c["purl"].startswith("pkg:pypi/"), c
+    return found
+
+
+@pytest.mark.parametrize("image", ["server", "operator"])
+def test_sbom_lists_exactly_what_the_image_installed(images: Images, image: str) -> None:
+    """Every package of the lock at its locked version, and the two built from the checkout; nothing else."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    expected = {**lock(image), "ovserve": version, "ovserve-client": version}
+    assert sbom_of(getattr(images, image)) == expected
 
 
 # -- the server image, one running container ---------------------------------------------------------
@@ -395,8 +427,8 @@ def test_sigterm_drains_the_slow_inference_and_exits_0(server: Container) -> Non
 
 
 def test_operator_help_and_every_command_on_its_path(images: Images) -> None:
-    out = podman(*RUN, "--rm", images.operator, "--help")
-    assert "--server-image" in out.stdout
+    """One container (each costs a full copy of the image under vfs): ovserve-operator, the ENTRYPOINT
+    (test_image_config), is among the commands run with --help."""
     commands = path_commands_work([*RUN, "--rm", "--entrypoint", "", images.operator])
     failed = {k: v for k, v in commands.items() if v}
     assert not failed, failed
