@@ -595,7 +595,9 @@ class InferResponse:
     def from_bytes(cls, res_bytes: bytes, json_length: int) -> InferResponse:
         """A V2 REST response body (JSON, then the binary outputs) as an InferResponse."""
         with invalid_input():
-            return cls._from_neutral(decode_v2_response(res_bytes, str(json_length), "output"), from_grpc=False)
+            neutral = decode_v2_response(res_bytes, str(json_length), "output")
+        return cls(neutral.id, neutral.model_name, [InferOutput._decoded(t) for t in neutral.outputs],
+                   model_version=neutral.model_version, parameters=neutral.parameters)
 
     def to_rest(self) -> tuple[bytes | dict[str, Any], int | None]:
         """The V2 REST body as KServe's ``to_rest``: outputs binary when asked (``use_binary_outputs``, or

@@ -18,6 +18,7 @@ docs/client.md has the whole comparison.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import ssl
@@ -115,6 +116,13 @@ class RESTConfig:
         return ctx
 
 
+@functools.lru_cache(maxsize=256)  # every call asks for one of a few; joining and quoting is work each time
+def _infer_url(base_url: str, model_name: str, v1: bool) -> str:
+    """The URL of a model's V1 ``:predict`` or V2 ``/infer`` under ``base_url``."""
+    name = quote(model_name, safe="")
+    return _url(base_url, f"v1/models/{name}:predict" if v1 else f"v2/models/{name}/infer")
+
+
 def _url(base_url: str, relative: str) -> str:
     """``relative`` under ``base_url`` (its path kept, as KServe joins them)."""
     base = str(base_url)
@@ -187,10 +195,8 @@ class InferenceRESTClient:
             url = str(base_url)
         elif model_name is None:
             raise ValueError("model_name should not be 'None'")
-        elif self._v1:
-            url = _url(base_url, f"v1/models/{quote(model_name, safe='')}:predict")
         else:
-            url = _url(base_url, f"v2/models/{quote(model_name, safe='')}/infer")
+            url = _infer_url(str(base_url), model_name, self._v1)
         sent = dict(headers) if headers else {}
         if isinstance(data, InferRequest):
             if self._v1:

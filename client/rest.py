@@ -10,6 +10,7 @@ imported on first use, inside the event loop that owns the session.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from typing import Any
 from urllib.parse import quote
@@ -102,6 +103,7 @@ class HttpSession:
         return self._http
 
     @staticmethod
+    @functools.lru_cache(maxsize=64)  # one per limit, not one per call: aiohttp's ClientTimeout is frozen
     def _timeout(limit: float | None) -> Any:
         import aiohttp
 
