@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -238,3 +239,42 @@ def test_a_transformer_answers_its_predictors_hint(server: ServerProcess, relaye
             if t.ident is not None:  # started
                 t.join(180)
         transformer.stop()
+
+
+def test_on_the_native_engine_a_refusal_ends_at_once_without_a_pushback(tmp_path: Path) -> None:
+    """pygrpc-native takes metadata keys starting "grpc-" for reserved ones, and a call whose trailing
+    metadata holds one never ends (its client waits out the deadline): on that engine a refusal goes without
+    grpc-retry-pushback-ms, and still ends at once, while the request ahead runs."""
+    pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
+    models.put_version(models.slow(1), tmp_path / "slow", 1)
+    config = models.write_config(tmp_path / "config.json", [
+        {"name": "native", "base_path": str(tmp_path / "slow"), "nireq": 1, "max_queued_requests": 1}])
+    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--grpc-engine", "native",
+                          "--access-log", str(tmp_path / "access.log")])
+    x = np.random.default_rng(13).integers(-64, 64, (LONG_ROWS, models.SLOW_K)).astype(np.float32)
+    long = filler = None
+    try:
+        proc.wait_ready(timeout=180)
+        long = threading.Thread(target=rest_infer, args=(proc.url, "native", x))
+        filler = threading.Thread(target=rest_infer, args=(proc.url, "native", x[:1]))
+        long.start()
+        time.sleep(1.0)  # the long request holds the one infer request; the next one fills the queue of 1
+        filler.start()
+        time.sleep(0.5)
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, models.SLOW_K])
+        request = service_pb2.ModelInferRequest(model_name="native", inputs=[tensor],
+                                                raw_input_contents=[x[:1].tobytes()])
+        with (grpc.insecure_channel(proc.grpc_target, options=[("grpc.enable_retries", 0)]) as channel,
+              pytest.raises(grpc.RpcError) as refused):
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, metadata=[("x-request-id", "native-1")], timeout=120)
+        assert long.is_alive()  # answered while the request ahead still runs: not after a deadline
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        trailing = dict(refused.value.trailing_metadata() or ())
+        assert trailing.get("x-request-id") == "native-1" and "grpc-retry-pushback-ms" not in trailing
+        assert "retry in" in (refused.value.details() or "")  # the hint is in the message still
+    finally:
+        for t in (long, filler):
+            if t is not None and t.ident is not None:  # started
+                t.join(180)
+        proc.stop()

@@ -70,10 +70,11 @@ def status_of(exc: ServerError) -> grpc.StatusCode:
     return grpc.StatusCode[grpc_status(exc)]
 
 
-async def abort(context: Any, exc: ServerError) -> None:
+async def abort(context: Any, exc: ServerError, pushback: bool = True) -> None:
     """End the call with the error's status and message; a refusal under load (Overloaded) also says when
-    to come back, in the trailing metadata beside what is there (the access log's x-request-id)."""
-    if isinstance(exc, Overloaded):
+    to come back, in the trailing metadata beside what is there (the access log's x-request-id), unless
+    the engine cannot send it (``pushback`` False: see :attr:`Servicer.pushback`)."""
+    if pushback and isinstance(exc, Overloaded):
         kept = tuple(context.trailing_metadata() or ())
         context.set_trailing_metadata((*kept, (PUSHBACK_METADATA, exc.pushback_ms())))
     await context.abort(status_of(exc), exc.message)
@@ -143,6 +144,10 @@ class Servicer:
         self.in_flight = InFlight()
         self.gate: Gate = OPEN_GATE
         self.listener = ""
+        #: whether a refusal under load may carry grpc-retry-pushback-ms: not on pygrpc-native 0.5, which
+        #: takes metadata keys starting "grpc-" for reserved ones and then never ends the call (the client
+        #: waits out its deadline); set by the listener from its engine
+        self.pushback = True
 
 
 async def enter(in_flight: InFlight, context: Any) -> None:
@@ -154,9 +159,9 @@ async def enter(in_flight: InFlight, context: Any) -> None:
         await abort(context, exc)
 
 
-async def _abort(context: Any, exc: BaseException, method: str) -> None:
+async def _abort(context: Any, exc: BaseException, method: str, pushback: bool) -> None:
     if isinstance(exc, ServerError):
-        await abort(context, exc)
+        await abort(context, exc, pushback)
     log.error("unexpected error in %s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
@@ -181,7 +186,7 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:
-            await _abort(context, exc, method)
+            await _abort(context, exc, method, self.pushback)
         finally:
             self.in_flight.leave()
             if observed is not None and metrics is not None:
@@ -210,7 +215,7 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
         except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
             raise
         except Exception as exc:
-            await _abort(context, exc, method)
+            await _abort(context, exc, method, self.pushback)
         finally:
             self.in_flight.leave()
             if observed is not None and metrics is not None:

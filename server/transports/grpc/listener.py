@@ -139,6 +139,7 @@ class GrpcListener:
         for service in services:
             service.servicer.in_flight = self.in_flight  # one drain for every service on this port
             service.servicer.gate, service.servicer.listener = gate, name  # tokens and access log (server/gate)
+            service.servicer.pushback = engine != "native"  # it cannot send grpc-retry-pushback-ms (Servicer)
             service.register(service.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
