@@ -63,6 +63,8 @@ HOST = "127.0.0.1"
 UID = 10001
 #: rows of the slow model's request in flight at SIGTERM (about a second of work on two cores)
 SLOW_ROWS = 2048
+#: the slow model's line on /metrics while one inference is in process
+IN_PROCESS = 'ovms_current_requests{name="slow",version="1"} 1'
 #: the demo `linear` model: y = x @ W + b
 LINEAR_X = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
 LINEAR_Y = np.array([[4.5, 4.5], [10.5, 10.5]], np.float32)
@@ -269,7 +271,8 @@ def server(images: Images, model_repo: Path) -> Iterator[Container]:
     rest, grpc = free_ports(2)
     c = Container(f"ovserve-test-{os.getpid()}-server", rest, grpc)
     start(images.server, c.name, "serve", "--model-repository", "/mnt/models", "--host", HOST,
-          "--rest-port", str(rest), "--grpc-port", str(grpc), volumes=(f"{model_repo}:/mnt/models:ro",))
+          "--rest-port", str(rest), "--grpc-port", str(grpc), "--metrics-enable",
+          volumes=(f"{model_repo}:/mnt/models:ro",))
     try:
         c.wait_ready()
         yield c
@@ -413,9 +416,13 @@ def test_sigterm_drains_the_slow_inference_and_exits_0(server: Container) -> Non
         inp.set_data_from_numpy(x)
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(client.infer, "slow", [inp], client_timeout=120)
-            time.sleep(0.3)  # the request (8 MB over loopback) is in, its second of work begun: now SIGTERM
-            assert not pending.done(), "the slow inference ended before SIGTERM: nothing was drained"
-            podman("stop", "-t", "60", server.name, timeout=120)
+            # SIGTERM once the server counts the inference as in process (its /metrics says so), however loaded
+            # the machine is: a stop before the request arrived would prove nothing (and refuse it)
+            deadline = time.monotonic() + 60
+            while IN_PROCESS not in requests.get(f"http://{HOST}:{server.rest}/metrics", timeout=5).text:
+                assert not pending.done() and time.monotonic() < deadline, "the slow inference was never in process"
+                time.sleep(0.02)
+            podman("stop", "-t", "60", server.name, timeout=120)  # returns once the container has exited
             y = pending.result().as_numpy("y")
     finally:
         client.close()
