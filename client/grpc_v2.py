@@ -99,18 +99,19 @@ def _tensors(items: Any, raw: Sequence[bytes], what: str) -> list[Tensor]:
         shape = tuple(t.shape)
         datatype = t.datatype
         params = params_from_pb(t.parameters) if t.parameters else {}
-        if raw and i < len(raw):
+        buffer = raw[i] if i < len(raw) else None  # once: each read of a repeated bytes field is a copy
+        if buffer is not None:
             dtype = V2_TO_NUMPY.get(datatype)
             if dtype is not None and dtype.kind != "O" and len(shape) <= MAX_DIMS and min(shape, default=0) >= 0 \
-                    and math.prod(shape) <= MAX_ELEMENTS and len(raw[i]) == math.prod(shape) * dtype.itemsize:
-                out.append(Tensor(t.name, datatype, shape, np.frombuffer(raw[i], dtype).reshape(shape), params))
+                    and math.prod(shape) <= MAX_ELEMENTS and len(buffer) == math.prod(shape) * dtype.itemsize:
+                out.append(Tensor(t.name, datatype, shape, np.frombuffer(buffer, dtype).reshape(shape), params))
                 continue
         where = f"{what} {t.name!r}"
         shape = check_shape(shape, where)
         if raw:
-            if i >= len(raw):
+            if buffer is None:
                 raise InvalidInput(f"{where}: {len(raw)} raw contents for {len(items)} tensors")
-            data = from_raw(where, datatype, shape, raw[i])
+            data = from_raw(where, datatype, shape, buffer)
         else:
             field = CONTENTS_FIELD.get(datatype)
             values = list(getattr(t.contents, field)) if field else []
