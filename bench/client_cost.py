@@ -235,17 +235,16 @@ def available(client: str) -> bool:
 
 
 def table(results: list[Result], markdown: bool) -> str:
-    base = next((r.cpu for r in results if r.client == "tritonclient-grpc"), None)
-    rest_base = next((r.cpu for r in results if r.client == "tritonclient-http"), None)
-    header = ["client", "protocol", "CPU us/call", "wall us/call", "CPU vs tritonclient (same protocol, sync)",
+    cpu = {r.client: r.cpu for r in results}
+
+    def against(r: Result, other: str) -> str:
+        base = cpu.get(f"tritonclient-{'grpc' if CLIENTS[r.client][0] == 'grpc' else 'http'}{other}")
+        return f"{r.cpu / base:.2f}x" if base else "n/a"
+
+    header = ["client", "protocol", "CPU us/call", "wall us/call", "CPU / tritonclient sync", "CPU / tritonclient aio",
               "CPU us per round"]
-    body = []
-    for r in results:
-        protocol = CLIENTS[r.client][0]
-        against = base if protocol == "grpc" else rest_base
-        ratio = f"{r.cpu / against:.2f}x" if against else "n/a"
-        body.append([r.client, protocol, f"{r.cpu:.0f}", f"{r.wall:.0f}", ratio,
-                     " ".join(f"{v:.0f}" for v in r.cpu_us)])
+    body = [[r.client, CLIENTS[r.client][0], f"{r.cpu:.0f}", f"{r.wall:.0f}", against(r, ""), against(r, "-aio"),
+             " ".join(f"{v:.0f}" for v in r.cpu_us)] for r in results]
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in body]
