@@ -31,7 +31,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,37 +143,25 @@ def served(config: Path, case: Case, nireq: int, extra: list[str], tmp: Path) ->
 
 def raw_async(model_xml: Path, plugin_config: dict[str, Any], x: np.ndarray, concurrency: int,
               seconds: float) -> tuple[list[tuple[int, float, float]], int]:
-    """``concurrency`` asynchronous infer requests kept busy from a feeding thread; their (request,
-    started, finished), and the compiled model's NUM_STREAMS."""
+    """``concurrency`` asynchronous infer requests kept busy (OpenVINO's ``AsyncInferQueue``, which waits for
+    a request's callback to have returned before starting it again); their (request, started, finished),
+    and the compiled model's NUM_STREAMS."""
     import openvino as ov
 
     compiled = ov.Core().compile_model(str(model_xml), "CPU", plugin_config)
     streams = int(compiled.get_property("NUM_STREAMS"))
-    requests = [compiled.create_infer_request() for _ in range(concurrency)]
-    started = [0.0] * concurrency
+    pool = ov.AsyncInferQueue(compiled, concurrency)
     events: list[tuple[int, float, float]] = []
-    free: list[int] = list(range(concurrency))
-    cond = threading.Condition()
 
-    def done(i: int) -> None:
-        now = time.perf_counter()
-        with cond:
-            events.append((i, started[i], now))
-            free.append(i)
-            cond.notify()
+    def done(_: ov.InferRequest, started: tuple[int, float]) -> None:  # with the GIL: no lock needed
+        events.append((started[0], started[1], time.perf_counter()))
 
-    for i, req in enumerate(requests):
-        req.set_callback(done, i)
+    pool.set_callback(done)
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        with cond:
-            while not free:
-                cond.wait()
-            i = free.pop()
-        started[i] = time.perf_counter()
-        requests[i].start_async({0: x}, share_inputs=True)
-    for req in requests:
-        req.wait()
+        idle = pool.get_idle_request_id()  # waits for one (without the GIL)
+        pool.start_async({0: x}, (idle, time.perf_counter()), share_inputs=True)
+    pool.wait_all()
     return events, streams
 
 
