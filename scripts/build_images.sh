@@ -35,7 +35,10 @@ if [ -z "$ENGINE" ]; then
     if command -v docker >/dev/null && docker info >/dev/null 2>&1; then ENGINE=docker; else ENGINE=buildah; fi
 fi
 command -v "$ENGINE" >/dev/null || { echo "build_images.sh: $ENGINE is missing" >&2; exit 2; }
-TAG=${TAG:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/ovserve/Chart.yaml)}
+# the version label is the chart's appVersion, the package's own (tests/test_dockerfiles.py keeps them equal);
+# the tag defaults to it (the tag `helm install` deploys) and may be anything else
+VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/ovserve/Chart.yaml)
+TAG=${TAG:-$VERSION}
 REVISION=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # a work tree with changes is not exactly HEAD: say so in the image's revision label
 if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then REVISION="$REVISION-dirty"; fi
@@ -48,7 +51,7 @@ mkdir -p "$WORK/context" "$LOGS"
 git ls-files -z --cached | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
     | tar --null -T - -cf - | tar -xf - -C "$WORK/context"
 
-args=(--build-arg "VERSION=$TAG" --build-arg "REVISION=$REVISION")
+args=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION")
 [ -z "$BASE" ] || args+=(--build-arg "BASE_IMAGE=$BASE")
 if [ "$ENGINE" = buildah ]; then
     args+=(--isolation chroot --layers=false --format docker)

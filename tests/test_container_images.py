@@ -54,13 +54,17 @@ from . import models
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("OVSERVE_IMAGES_CACHE") or Path.home() / ".cache/ovserve/images")
 STORAGE_CONF = CACHE / "storage.conf"
-#: the stand-in base scripts/image_testbed.sh makes (OVSERVE_IMAGE_BASE: another, e.g. the official one)
-BASE = os.environ.get("OVSERVE_IMAGE_BASE", "localhost/ovserve-base:3.11-bookworm")
-ENV = {**os.environ, "CONTAINERS_STORAGE_CONF": str(STORAGE_CONF)}
+#: the stand-in base scripts/image_testbed.sh makes; OVSERVE_IMAGE_BASE names another, e.g. the Dockerfiles' own
+#: official base by digest, which the build pulls (.github/workflows/e2e.yml runs the tier so)
+STAND_IN = "localhost/ovserve-base:3.11-bookworm"
+BASE = os.environ.get("OVSERVE_IMAGE_BASE") or STAND_IN
+#: the test bed's vfs storage where it exists, else the tools' default storage
+ENV = {**os.environ, **({"CONTAINERS_STORAGE_CONF": str(STORAGE_CONF)} if STORAGE_CONF.is_file() else {})}
 PODMAN = ["podman", "--cgroup-manager", "cgroupfs", "--runtime", "runc", "--events-backend", "file"]
 RUN = ["run", "--network", "host", "--ulimit", "nofile=16384:16384", "--ulimit", "nproc=8192:8192"]
 HOST = "127.0.0.1"
 UID = 10001
+PACKAGE_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 #: rows of the slow model's request in flight at SIGTERM (about a second of work on two cores)
 SLOW_ROWS = 2048
 #: the slow model's line on /metrics while one inference is in process
@@ -74,6 +78,8 @@ def missing_reason() -> str | None:
     for tool in ("buildah", "podman", "runc"):
         if not shutil.which(tool):
             return f"{tool} is missing: scripts/image_testbed.sh installs it (scripts/test.sh runs it)"
+    if BASE != STAND_IN:
+        return None  # a registry's image: the build pulls it (and fails, saying why, where it cannot)
     if not STORAGE_CONF.is_file():
         return f"no image test bed in {CACHE}: run scripts/image_testbed.sh (scripts/test.sh does)"
     found = subprocess.run(["buildah", "inspect", "--type", "image", BASE], env=ENV, capture_output=True, timeout=60)
@@ -157,7 +163,8 @@ def test_build_log_has_no_error_lines(images: Images, image: str) -> None:
     log = (images.logs / f"build-{image}.log").read_text()
     errors = [line for line in log.splitlines() if "ERROR" in line]
     assert not errors, "\n".join(errors)
-    assert "--require-hashes" in log or "require-hashes" in (ROOT / f"Dockerfile.{image}").read_text()
+    if image == "server":  # pip check, in the build: the lock holds every requirement of both wheels
+        assert "No broken requirements found." in log
 
 
 @pytest.mark.parametrize("image", ["server", "operator"])
@@ -166,7 +173,7 @@ def test_image_config(images: Images, image: str) -> None:
     config = inspect(ref)["Docker"]["config"]
     assert config["User"] == f"{UID}:{UID}"
     assert config["Labels"]["org.opencontainers.image.base.name"] == BASE
-    assert config["Labels"]["org.opencontainers.image.version"]
+    assert config["Labels"]["org.opencontainers.image.version"] == PACKAGE_VERSION  # not the run's own tag
     if image == "server":
         assert config["Healthcheck"]["Test"] == ["CMD", "ovserve", "health"], config.get("Healthcheck")
         assert config["Entrypoint"] == ["ovserve"]
@@ -201,8 +208,7 @@ def sbom_of(ref: str) -> dict[str, str]:
 @pytest.mark.parametrize("image", ["server", "operator"])
 def test_sbom_lists_exactly_what_the_image_installed(images: Images, image: str) -> None:
     """Every package of the lock at its locked version, and the two built from the checkout; nothing else."""
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    expected = {**lock(image), "ovserve": version, "ovserve-client": version}
+    expected = {**lock(image), "ovserve": PACKAGE_VERSION, "ovserve-client": PACKAGE_VERSION}
     assert sbom_of(getattr(images, image)) == expected
 
 
