@@ -52,6 +52,25 @@ def test_many_concurrent_requests_share_a_small_pool(tmp_path: Path) -> None:
     assert len(model._idle) == 2  # every request went back to the pool
 
 
+@pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["never-inline", "always-inline"])
+def test_only_the_outputs_asked_for_are_read(tmp_path: Path, inline_below: float,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    model = _load(tmp_path, models.two_in_two_out())
+    a, b = _rows(2, 1, 4), _rows(2, 2, 4)
+
+    async def main() -> tuple[dict, dict]:
+        for _ in range(3):  # a measured cost first, for the inline rule
+            await model.infer({"a": a, "b": b})
+        prod = [p for p in model.outputs if p.name == "prod"]
+        return await model.infer({"a": a, "b": b}, prod), await model.infer({"a": a, "b": b})
+
+    only, every = asyncio.run(main())
+    assert list(only) == ["prod"]
+    np.testing.assert_allclose(only["prod"], a * b, rtol=1e-6)
+    assert sorted(every) == ["prod", "sum"]  # the next caller of the same infer request reads all again
+
+
 @pytest.mark.parametrize("hint", ["LATENCY", "THROUGHPUT"])
 def test_without_nireq_a_model_gets_a_request_queued_behind_each_stream(tmp_path: Path, hint: str) -> None:
     """Twice the device's optimal number of infer requests (docs/performance.md, "Infer requests per stream"),

@@ -28,7 +28,7 @@ from ovserve.server.model_server import ModelServer
 from ovserve.server.repository.config import RepositorySource
 from ovserve.server.repository.manager import ModelManager
 from ovserve.server.torchserve import tsimport
-from ovserve.server.torchserve.builtin import BUILTIN, ImageClassifier, TensorHandler, to_probabilities
+from ovserve.server.torchserve.builtin import BUILTIN, ImageClassifier, TensorHandler, scores_port, to_probabilities
 from ovserve.server.torchserve.context import Context, Item
 from ovserve.server.torchserve.model import HandlerModel
 
@@ -112,13 +112,16 @@ def run(handler: Any, context: Context, batch: list[dict[str, Any]],
         begin()
         return await handler.handle_async(batch, context)  # type: ignore[no-any-return]
 
+    failed: Exception | None = None
     try:
         answer = handler.handle(batch, context)
     except Exception as exc:
-        with pytest.raises(type(exc)) as again:
+        failed = exc
+    if failed is not None:
+        with pytest.raises(type(failed)) as again:
             asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=300)
-        assert str(again.value) == str(exc)
-        raise
+        assert str(again.value) == str(failed)
+        raise failed
     assert asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=300) == answer
     return answer  # type: ignore[no-any-return]
 
@@ -299,6 +302,9 @@ def test_the_cat_photo_is_an_egyptian_cat(mobilenet: tuple[InProcessServer, list
     assert probs == sorted(probs, reverse=True) and 0.0 < sum(probs) <= 1.0 + 1e-6, cat
     # what TorchServe's frontend sends back: the handler's dict as JSON
     assert next(iter(json.loads(json.dumps(cat)))) == "Egyptian cat"
+    # the zoo's model has logits [N,1000] beside top_scores [N,5] and string top_labels: only logits is read
+    assert handler.scores == ["logits"]
+    assert scores_port(server.model("mobilenet_v2").outputs).name == "logits"  # type: ignore[union-attr]
 
 
 @pytest.mark.integration
@@ -525,3 +531,17 @@ def test_frontend_socket_reads_torchserves_frame(tmp_path: Path) -> None:
     assert sent == [("a", b"one"), ("b", b'"two"')]
     with pytest.raises(ValueError, match="TorchServe response frame"):
         socket.sendall(torchserve_frame(200, "m", [("a", b"one")])[:-8])
+
+
+def test_the_scores_output_is_known_from_static_shapes_only() -> None:
+    """scores_port names the output classification_output would pick, or None when a size is dynamic."""
+    from ovserve.server.types import Dim, PortInfo
+
+    def port(name: str, datatype: str, *dims: int) -> PortInfo:
+        return PortInfo(name, datatype, tuple(Dim(d, d) if d >= 0 else Dim(0, -1) for d in dims), 0)
+
+    outs = [port("top", "FP32", -1, 5), port("labels", "BYTES", -1, 5), port("logits", "FP16", -1, 1000),
+            port("also", "FP32", -1, 1000)]
+    assert scores_port(outs).name == "logits"  # type: ignore[union-attr]  # the first of the largest
+    assert scores_port([port("ids", "INT64", -1, 5)]) is None
+    assert scores_port([port("top", "FP32", -1, 5), port("open", "FP32", -1, -1)]) is None

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,7 +206,8 @@ RECOMPILE_EVERY_COMPILES = 10.0
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("check_at", "future", "generation", "keep", "log_failure", "request", "stall_logged", "started")
+    __slots__ = ("check_at", "future", "generation", "keep", "log_failure", "read", "request", "stall_logged",
+                 "started")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
@@ -224,6 +225,8 @@ class _Slot:
         self.log_failure = True
         #: the compilation ``request`` belongs to (see OpenVINOModel._recompile)
         self.generation = 0
+        #: the outputs the running inference's caller reads (None: every output)
+        self.read: Sequence[PortInfo] | None = None
 
 
 class _Completions:
@@ -391,7 +394,8 @@ class OpenVINOModel:
         self.batcher = None
 
     # -- inference ---------------------------------------------------------
-    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, inputs: dict[str, np.ndarray],
+                    outputs: Sequence[PortInfo] | None = None) -> dict[str, np.ndarray]:
         """Run one inference on ``inputs`` (name -> array); returns name -> array.
 
         With ``max_queued_requests``, a request that would wait behind that many others (beyond what the
@@ -406,25 +410,28 @@ class OpenVINOModel:
                 raise refusal("this model", bound, self.admitted, running, self.cost)
             self.admitted += 1
             try:
-                return await self._infer(inputs)
+                return await self._infer(inputs, outputs)
             finally:
                 self.admitted -= 1
-        return await self._infer(inputs)
+        return await self._infer(inputs, outputs)
 
-    async def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def _infer(self, inputs: dict[str, np.ndarray],
+                     outputs: Sequence[PortInfo] | None) -> dict[str, np.ndarray]:
         if self.batcher is not None:
-            return await self.batcher.infer(inputs)
-        return await self.run(inputs)
+            return await self.batcher.infer(inputs)  # a batch reads every output: its members may want any
+        return await self.run(inputs, outputs)
 
-    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One inference exactly as given, on one infer request."""
+    async def run(self, inputs: dict[str, np.ndarray],
+                  outputs: Sequence[PortInfo] | None = None) -> dict[str, np.ndarray]:
+        """One inference exactly as given, on one infer request; ``outputs``: only those are read (a string
+        output costs microseconds per element to read)."""
         series = self.metrics
         if series is None:
-            return await self.run_on(await self.acquire(), inputs)
+            return await self.run_on(await self.acquire(), inputs, outputs=outputs)
         started = time.perf_counter()
         slot = await self.acquire()
         series.waited(time.perf_counter() - started)
-        return await self.run_on(slot, inputs)
+        return await self.run_on(slot, inputs, outputs=outputs)
 
     def active(self) -> int:
         """Infer requests in use (ovms_infer_req_active)."""
@@ -434,10 +441,11 @@ class OpenVINOModel:
         """An idle infer request (waits for one); give it to :meth:`run_on` or :meth:`release`."""
         return self._idle.popleft() if self._idle and self._recompiling is None else await self._wait_idle()
 
-    async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray],
-                     log_failure: bool = True) -> dict[str, np.ndarray]:
+    async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray], log_failure: bool = True,
+                     outputs: Sequence[PortInfo] | None = None) -> dict[str, np.ndarray]:
         """Run ``inputs`` on an acquired infer request; the request goes back to the pool."""
         slot.log_failure = log_failure
+        slot.read = outputs
         try:
             self._feed(slot, inputs)
         except BaseException:
@@ -644,7 +652,7 @@ class OpenVINOModel:
         req = slot.request
         result: dict[str, np.ndarray] = {}
         try:
-            for port in self.outputs:
+            for port in self.outputs if slot.read is None else slot.read:
                 tensor = req.get_output_tensor(port.index)
                 if port.datatype == "BYTES":
                     result[port.name] = np.asarray(tensor.bytes_data, dtype=object).reshape(tuple(tensor.shape))

@@ -170,6 +170,8 @@ class ImageClassifier(BuiltinHandler):
         super().__init__()
         self.mapping: dict[str, str] | None = None
         self.input: PortInfo | None = None
+        #: the output read for the class scores, when the model's shapes name it (else every output is read)
+        self.scores: list[str] | None = None
 
     def set_max_result_classes(self, topk: int) -> None:
         self.topk = topk
@@ -186,6 +188,8 @@ class ImageClassifier(BuiltinHandler):
                 f"{context.model_name!r} has inputs "
                 + ", ".join(f"{p.name} [{','.join(map(str, p.dims))}]" for p in self.model.inputs))
         self.input = images[0]
+        port = scores_port(self.model.outputs)
+        self.scores = None if port is None else [port.name]
         model_dir = context.system_properties.get("model_dir") or ""
         self.mapping = load_label_mapping(os.path.join(model_dir, LABEL_FILE)) if model_dir else None
         if self.mapping is None and self.model.labels:
@@ -210,7 +214,7 @@ class ImageClassifier(BuiltinHandler):
         """The class scores of each image, [N, classes]: the model's classification output."""
         assert self.input is not None
         try:
-            outputs = self.model.infer({self.input.name: data})
+            outputs = self.model.infer({self.input.name: data}, self.scores)
         except InvalidInput as exc:
             raise self._not_an_image(exc, len(data)) from None
         return classification_output(outputs, len(data), self.model.name)
@@ -218,7 +222,7 @@ class ImageClassifier(BuiltinHandler):
     async def inference_async(self, data: list[bytes]) -> np.ndarray:
         assert self.input is not None
         try:
-            outputs = await self.model.infer_async({self.input.name: data})
+            outputs = await self.model.infer_async({self.input.name: data}, self.scores)
         except InvalidInput as exc:
             raise self._not_an_image(exc, len(data)) from None
         return classification_output(outputs, len(data), self.model.name)
@@ -233,8 +237,28 @@ class ImageClassifier(BuiltinHandler):
         k = min(self.topk, probs.shape[1])
         # argsort of the negated row: descending, and the lower class first among equal scores
         classes = np.argsort(-probs, axis=1, kind="stable")[:, :k]
-        top = np.take_along_axis(probs, classes, axis=1)
+        top = probs[np.arange(probs.shape[0])[:, None], classes]
         return map_class_to_label(top.tolist(), self.mapping, classes.tolist())
+
+
+FLOAT_DATATYPES = ("FP16", "BF16", "FP32", "FP64")
+
+
+def scores_port(outputs: list[PortInfo]) -> PortInfo | None:
+    """The output :func:`classification_output` would pick, known from the model's shapes alone: of the
+    floating-point outputs with a batch dimension, the one with the most values per image (the first among
+    equals); None when a candidate's size is not static (then every output is read and the rule applied to
+    the arrays)."""
+    best: tuple[int, PortInfo] | None = None
+    for port in outputs:
+        if port.datatype not in FLOAT_DATATYPES or not port.dims:
+            continue
+        if not all(d.static for d in port.dims[1:]):
+            return None
+        size = int(np.prod([d.lo for d in port.dims[1:]], dtype=np.int64))
+        if size and (best is None or size > best[0]):
+            best = (size, port)
+    return None if best is None else best[1]
 
 
 def classification_output(outputs: Mapping[str, np.ndarray], batch: int, model: str) -> np.ndarray:

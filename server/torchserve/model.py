@@ -18,7 +18,7 @@ from ovserve.common.codecs.datatypes import V2_TO_NUMPY
 
 from ..codecs.images import decode_images
 from ..errors import InvalidInput
-from ..types import InferRequest, InferResponse, PortInfo, Tensor
+from ..types import InferRequest, InferResponse, PortInfo, RequestedOutput, Tensor
 
 Infer = Callable[[InferRequest], Coroutine[Any, Any, InferResponse]]
 
@@ -68,8 +68,9 @@ class HandlerModel:
                 return port
         raise InvalidInput(f"unknown input {name!r}; model {self.name!r} has inputs {[p.name for p in self.inputs]}")
 
-    def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run the model on ``{input name: array, or a list of encoded images}``; its outputs by name.
+    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the model on ``{input name: array, or a list of encoded images}``; its outputs by name
+        (only those named in ``outputs`` when given).
 
         Blocks the calling thread (a handler's worker), never the loop; errors are the
         server's (InvalidInput for inputs that do not fit the model)."""
@@ -79,17 +80,19 @@ class HandlerModel:
             pass  # a worker thread, as it should be
         else:
             raise RuntimeError("HandlerModel.infer blocks: call it from a handler's thread, not the event loop")
-        request = self._request(inputs)
+        request = self._request(inputs, outputs)
         response: InferResponse = asyncio.run_coroutine_threadsafe(self._infer(request), self._loop).result()
         return {t.name: t.data for t in response.outputs}
 
-    async def infer_async(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    async def infer_async(self, inputs: Mapping[str, Any],
+                          outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """:meth:`infer` awaited on the event loop (the built-in handlers' path: no thread in between)."""
-        response = await self._infer(self._request(inputs))
+        response = await self._infer(self._request(inputs, outputs))
         return {t.name: t.data for t in response.outputs}
 
-    def _request(self, inputs: Mapping[str, Any]) -> InferRequest:
-        return InferRequest(self.name, [_tensor(self._port(k), v) for k, v in inputs.items()], self.version)
+    def _request(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None) -> InferRequest:
+        return InferRequest(self.name, [_tensor(self._port(k), v) for k, v in inputs.items()], self.version,
+                            outputs=[RequestedOutput(name) for name in outputs or ()])
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return self.infer(inputs)
