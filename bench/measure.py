@@ -3,6 +3,7 @@ process, the server's CPU and peak RSS sampled over exactly the measured window.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import queue
@@ -149,3 +150,21 @@ def run_quietest(case: Case, server: str, server_pid: int | None, max_noise: flo
         wait_quiet(10, wait_quiet_s, log)
         tries.append(run_case(case, server, server_pid, log))
     return min(tries, key=lambda r: r.other_cpu_pct)
+
+
+def add_run_options(p: argparse.ArgumentParser, prefix: str, results: Path) -> None:
+    """The options every side bench shares (``python -m bench.<prefix>``): the window, the concurrencies,
+    extra server arguments, the quiet wait, reruns on noise and where ``<prefix>-<stamp>.md`` goes."""
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per case")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each case")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated in-flight requests")
+    p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for `ovserve serve` (repeatable)")
+    p.add_argument("--wait-quiet", type=float, default=120, metavar="SECONDS",
+                   help="wait up to this long for other processes to leave the CPU alone before starting")
+    p.add_argument("--max-noise", type=float, default=15, metavar="PCT",
+                   help="rerun a case (at most twice, keeping the quietest) when other processes took more "
+                        "than PCT %% of a core during it")
+    p.add_argument("--out", type=Path, default=results, metavar="DIR",
+                   help=f"where the run's {prefix}-<YYYYMMDD-HHMM>.md and .csv go (default: bench/results)")
+    p.add_argument("--no-out", action="store_true", help="print only, write nothing")

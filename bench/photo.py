@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import models, report, servers, soak, specs
 from .loadgen import Case
-from .measure import ROOT, Row, run_quietest, wait_quiet
+from .measure import ROOT, Row, add_run_options, run_quietest, wait_quiet
 
 MODEL = "mobilenet_v2"
 RESULTS = ROOT / "bench" / "results"
@@ -42,19 +42,7 @@ GOAL = 0.8  # served / in process, at concurrency 4
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.photo", description=__doc__.splitlines()[0])
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per case")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each case")
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated in-flight requests")
-    p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for `ovserve serve` (repeatable)")
-    p.add_argument("--wait-quiet", type=float, default=120, metavar="SECONDS",
-                   help="wait up to this long for other processes to leave the CPU alone before starting")
-    p.add_argument("--max-noise", type=float, default=15, metavar="PCT",
-                   help="rerun a case (at most twice, keeping the quietest) when other processes took more "
-                        "than PCT %% of a core during it")
-    p.add_argument("--out", type=Path, default=RESULTS, metavar="DIR",
-                   help="where the run's photo-<YYYYMMDD-HHMM>.md and .csv go (default: bench/results)")
-    p.add_argument("--no-out", action="store_true", help="print only, write nothing")
+    add_run_options(p, "photo", RESULTS)
     return p.parse_args(argv)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import models, report, servers, soak, specs, ts_peer
 from .loadgen import Case
-from .measure import ROOT, Row, run_quietest, wait_quiet
+from .measure import ROOT, Row, add_run_options, run_quietest, wait_quiet
 
 MODEL = ts_peer.MODEL
 RESULTS = ROOT / "bench" / "results"
@@ -49,9 +49,7 @@ SAME_ANSWER = 0.02  # largest difference of a top-5 probability between the serv
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.torchserve", description=__doc__.splitlines()[0])
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per case")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each case")
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated in-flight requests")
+    add_run_options(p, "torchserve", RESULTS)
     p.add_argument("--no-torchserve", action="store_true",
                    help="ovserve's rows only (no TorchServe, no virtualenv, no JDK)")
     p.add_argument("--ts-workers", type=int, default=2,
@@ -60,16 +58,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ts-batch-delay-ms", type=int, default=5, help="TorchServe's maxBatchDelay when batching")
     p.add_argument("--grpc-client", choices=["h2", "aio"], default="h2",
                    help="h2: the bench's light HTTP/2 client (default); aio: grpcio's own")
-    p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for `ovserve serve` (repeatable)")
-    p.add_argument("--wait-quiet", type=float, default=120, metavar="SECONDS",
-                   help="wait up to this long for other processes to leave the CPU alone before starting")
-    p.add_argument("--max-noise", type=float, default=15, metavar="PCT",
-                   help="rerun a case (at most twice, keeping the quietest) when other processes took more "
-                        "than PCT %% of a core during it")
-    p.add_argument("--out", type=Path, default=RESULTS, metavar="DIR",
-                   help="where the run's torchserve-<YYYYMMDD-HHMM>.md and .csv go (default: bench/results)")
-    p.add_argument("--no-out", action="store_true", help="print only, write nothing")
     return p.parse_args(argv)
 
 
