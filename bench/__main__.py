@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import models, peer, report, servers, specs
 from .loadgen import Case
-from .measure import ROOT, Row, run_case, wait_quiet
+from .measure import ROOT, Row, run_quietest, wait_quiet
 
 PROTOCOLS = ("grpc", "rest-json", "rest-binary")
 #: Where a run is written by default: one file per run, cited by docs/performance.md.
@@ -104,12 +104,8 @@ class Bench:
 
     def measure(self, case: Case, server: str, pid: int | None) -> None:
         """Run a case; rerun it when the rest of the machine was busy meanwhile, keep the quietest."""
-        tries = [run_case(case, server, pid)]
-        while tries[-1].other_cpu_pct > self.args.max_noise and len(tries) < 3 and self.args.wait_quiet > 0:
-            print(f"  (other processes took {tries[-1].other_cpu_pct:.0f}% of a core: measuring again)", flush=True)
-            wait_quiet(10, self.args.wait_quiet)
-            tries.append(run_case(case, server, pid))
-        self.record(min(tries, key=lambda r: r.other_cpu_pct))
+        self.record(run_quietest(case, server, pid, self.args.max_noise, self.args.wait_quiet,
+                                 lambda line: print(line, flush=True)))
 
     def record(self, row: Row) -> None:
         self.rows.append(row)
