@@ -77,11 +77,14 @@ class ServerProcess(Child):
         return rss_bytes(self.ps)
 
 
-def ovserve_command(config: Path, extra: list[str] | None = None) -> list[str]:
+def ovserve_command(config: Path, extra: list[str] | None = None, *, repository: bool = False) -> list[str]:
+    """``ovserve serve`` on ephemeral ports, serving what ``config`` (a config.json) lists, or with
+    ``repository`` every model folder of the directory ``config`` with no config.json at all."""
+    what = ["--model-repository" if repository else "--config", str(config)]
     return [sys.executable, "-m", "ovserve.server", "serve", "--host", HOST, "--rest-port", "0",
-            "--grpc-port", "0", "--config", str(config), "--poll-interval", "0", *(extra or [])]
+            "--grpc-port", "0", *what, "--poll-interval", "0", *(extra or [])]
 
 
 def start_ovserve(config: Path, extra: list[str] | None = None, name: str = "ovserve",
-                  keep: int | None = 400) -> ServerProcess:
-    return ServerProcess(name, ovserve_command(config, extra), keep=keep)
+                  keep: int | None = 400, *, repository: bool = False) -> ServerProcess:
+    return ServerProcess(name, ovserve_command(config, extra, repository=repository), keep=keep)
