@@ -111,8 +111,8 @@ def error_from_http(status: int, message: str, retry_after: str | None = None) -
 
 def error_from_grpc(code_name: str, message: str, pushback_ms: str | None = None) -> PredictorError:
     """The predictor's gRPC error as a ServerError of the same code. RESOURCE_EXHAUSTED is a request too
-    large unless it carries a pushback (``grpc-retry-pushback-ms``), which a refusal under load does: then
-    an Overloaded (429) with the pushback as its retry hint."""
+    large unless it carries a retry hint (``grpc-retry-pushback-ms`` or ``retry-after-ms``), which a refusal
+    under load does: then an Overloaded (429) with the hint as its retry hint."""
     if code_name == "RESOURCE_EXHAUSTED" and pushback_ms is not None and pushback_ms.isdigit():
         err = PredictorOverloaded(message)
         err.retry_after_s = max(Overloaded.MIN_RETRY_AFTER_S, int(pushback_ms) / 1000)

@@ -29,7 +29,7 @@ from ovserve.common.codecs.tensors import (
     reply_parameters,
     to_raw,
 )
-from ovserve.common.errors import PUSHBACK_METADATA, InvalidInput
+from ovserve.common.errors import PUSHBACK_METADATA, RETRY_AFTER_METADATA, InvalidInput
 from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
@@ -265,11 +265,11 @@ class GrpcPredictor:
 
 
 def _pushback(exc: grpc.aio.AioRpcError) -> str | None:
-    """The server's ``grpc-retry-pushback-ms`` (gRFC A6), which ovserve's refusals under load carry."""
-    for key, value in exc.trailing_metadata() or ():
-        if key == PUSHBACK_METADATA and isinstance(value, str):
-            return value
-    return None
+    """The server's retry hint in milliseconds: ``grpc-retry-pushback-ms`` (gRFC A6), else ovserve's
+    ``retry-after-ms`` (all an ovserve predictor on the native engine can send)."""
+    hints = {key: value for key, value in exc.trailing_metadata() or ()
+             if key in (PUSHBACK_METADATA, RETRY_AFTER_METADATA) and isinstance(value, str)}
+    return hints.get(PUSHBACK_METADATA, hints.get(RETRY_AFTER_METADATA))
 
 
 def _is_connection_failure(exc: grpc.aio.AioRpcError) -> bool:

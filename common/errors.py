@@ -42,9 +42,13 @@ class PayloadTooLarge(ServerError):
 
 
 #: where each transport carries an Overloaded's retry hint: REST's header (RFC 9110), gRPC's trailing metadata
-#: (gRFC A6's server pushback, which a client's retry policy obeys)
+#: (gRFC A6's server pushback, which a client's retry policy obeys) ...
 RETRY_AFTER_HEADER = "Retry-After"
 PUSHBACK_METADATA = "grpc-retry-pushback-ms"
+#: ... and, on every gRPC engine, the same milliseconds under a key of ovserve's own: pygrpc-native (the
+#: default engine without TLS) cannot send a ``grpc-`` key, and a RESOURCE_EXHAUSTED with no hint at all
+#: reads as a request too large (ovserve's predictor client reads either)
+RETRY_AFTER_METADATA = "retry-after-ms"
 
 
 class Overloaded(ServerError):

@@ -10,6 +10,7 @@ from ovserve.common.errors import (
     HTTP_STATUS,
     PUSHBACK_METADATA,
     RETRY_AFTER_HEADER,
+    RETRY_AFTER_METADATA,
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
@@ -31,4 +32,5 @@ from ovserve.common.errors import (
 __all__ = ["ServerError", "InvalidInput", "NotFound", "Unavailable", "PayloadTooLarge", "FailedPrecondition",
            "AlreadyExists", "PermissionDenied", "Unauthenticated", "Overloaded",
            "Unsupported", "DeadlineExceeded", "InternalError", "HTTP_STATUS", "GRPC_STATUS", "statuses",
-           "http_status", "grpc_status", "RETRY_AFTER_HEADER", "PUSHBACK_METADATA"]
+           "http_status", "grpc_status", "RETRY_AFTER_HEADER", "PUSHBACK_METADATA",
+           "RETRY_AFTER_METADATA"]

@@ -4,7 +4,8 @@ Every unary method of every ovserve servicer is wrapped by :func:`unary` (and
 every response-streaming one by :func:`streaming`): a
 :class:`~ovserve.server.errors.ServerError` ends the call with its status from
 the error table (:func:`~ovserve.server.errors.grpc_status`), an Overloaded's retry hint in
-``grpc-retry-pushback-ms`` (:func:`abort`); anything else is
+``retry-after-ms`` and, where the engine can send it, ``grpc-retry-pushback-ms`` (:func:`abort`);
+anything else is
 logged once and ends it INTERNAL, with no traceback for the client. A stream
 that answers errors in-band (KServe's ModelStreamInfer) takes its message from
 :func:`in_band`, through the same table.
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
-from ...errors import PUSHBACK_METADATA, Overloaded, ServerError, Unavailable, grpc_status
+from ...errors import PUSHBACK_METADATA, RETRY_AFTER_METADATA, Overloaded, ServerError, Unavailable, grpc_status
 from ...gate import INFERENCE, OPEN_GATE, Access, Gate
 from ...metrics.calls import Call
 from .gate import gated_stream, gated_unary
@@ -72,11 +73,13 @@ def status_of(exc: ServerError) -> grpc.StatusCode:
 
 async def abort(context: Any, exc: ServerError, pushback: bool = True) -> None:
     """End the call with the error's status and message; a refusal under load (Overloaded) also says when
-    to come back, in the trailing metadata beside what is there (the access log's x-request-id), unless
-    the engine cannot send it (``pushback`` False: see :attr:`Servicer.pushback`)."""
-    if pushback and isinstance(exc, Overloaded):
-        kept = tuple(context.trailing_metadata() or ())
-        context.set_trailing_metadata((*kept, (PUSHBACK_METADATA, exc.pushback_ms())))
+    to come back, in the trailing metadata beside what is there (the access log's x-request-id):
+    ``retry-after-ms`` always, ``grpc-retry-pushback-ms`` (which a retry policy obeys) unless the engine
+    cannot send it (``pushback`` False: see :attr:`Servicer.pushback`)."""
+    if isinstance(exc, Overloaded):
+        ms = exc.pushback_ms()
+        hints = ((RETRY_AFTER_METADATA, ms), (PUSHBACK_METADATA, ms)) if pushback else ((RETRY_AFTER_METADATA, ms),)
+        context.set_trailing_metadata((*tuple(context.trailing_metadata() or ()), *hints))
     await context.abort(status_of(exc), exc.message)
 
 
