@@ -19,6 +19,8 @@ DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 
 #: gRPC server engines (``--grpc-engine``) and the package each one needs.
 GRPC_ENGINES = {"grpcio": "grpcio", "native": "pygrpc-native"}
+#: what ``--grpc-engine`` takes: an engine, or ``auto`` (native where a listener has no TLS, else grpcio)
+GRPC_ENGINE_CHOICES = ("auto", *GRPC_ENGINES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,9 @@ class ProcessSettings:
     rest_port: int = 8080
     #: KServe V2 gRPC port (0 = an ephemeral port, logged at start; None = no gRPC listener).
     grpc_port: int | None = 8081
-    #: gRPC server engine: grpcio (grpc.aio) or native (pygrpc-native, the grpc-native extra).
-    grpc_engine: str = "grpcio"
+    #: gRPC server engine: auto (native on a listener without TLS, else grpcio), grpcio (grpc.aio) or
+    #: native (pygrpc-native: no TLS).
+    grpc_engine: str = "auto"
     #: Event loop implementation: uvloop (default where installed) or asyncio.
     event_loop: str = "uvloop"
     #: debug, info, warning, error.

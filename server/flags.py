@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import GRPC_ENGINES, ProcessSettings, TlsOverride, parse_tls_override
+from .config import GRPC_ENGINE_CHOICES, ProcessSettings, TlsOverride, parse_tls_override
 
 ENV_PREFIX = "OVSERVE_"
 LOG_LEVELS = ["debug", "info", "warning", "error"]
@@ -84,9 +84,9 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     add(net, "--grpc-port", port, defaults.grpc_port,
         "KServe V2 gRPC port; 0 picks a free port (logged); off: no gRPC", aliases=names("--grpc-port"))
     add(net, "--grpc-engine", str, defaults.grpc_engine,
-        "gRPC server: grpcio (grpc.aio) or native (pygrpc-native: HTTP/2 outside the GIL, "
-        "2-3x the calls per second for small requests; pip install 'ovserve[grpc-native]')",
-        aliases=names("--grpc-engine"), choices=list(GRPC_ENGINES))
+        "gRPC server: auto (native on a listener without TLS, grpcio on one with TLS), grpcio (grpc.aio) "
+        "or native (pygrpc-native: HTTP/2 outside the GIL, about half the server CPU per small call; no TLS)",
+        aliases=names("--grpc-engine"), choices=list(GRPC_ENGINE_CHOICES))
     add(net, "--max-request-bytes", int, defaults.max_request_bytes, "largest request accepted, REST and gRPC",
         aliases=names("--max-request-bytes"))
     add(net, "--max-header-bytes", int, defaults.max_header_bytes,

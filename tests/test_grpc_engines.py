@@ -1,9 +1,11 @@
-"""The native gRPC engine (``--grpc-engine native``, pygrpc-native) serves what grpcio serves.
+"""Both gRPC engines serve the same protocol: ``auto`` (the default: pygrpc-native on a listener
+without TLS), and ``grpcio`` (grpc.aio).
 
-The gRPC protocol tests of the other modules run again, in a child pytest, with
-``OVSERVE_GRPC_ENGINE=native`` in the environment every server they start
-inherits; the tests here check that the variable really switches the engine,
-and what a user sees when the package is missing.
+The gRPC protocol tests of the other modules run on the default engine; here they run again, in a
+child pytest, with ``OVSERVE_GRPC_ENGINE=grpcio`` in the environment every server they start
+inherits. The tests here check that the variable really switches the engine, what ``auto`` picks
+and says, and what a user sees when the package is missing. tests/test_grpc_stress.py holds the
+evidence under load (SIGTERM, cancellations, connections, streams, limits) for both engines.
 """
 from __future__ import annotations
 
@@ -25,19 +27,23 @@ from .servers import EXACT, ServerProcess
 pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Modules whose gRPC tests (and the SIGTERM drain test) are rerun on the native engine.
+#: Modules whose gRPC tests (and the SIGTERM drain test) are rerun on the grpcio engine.
 GRPC_MODULES = ["test_smoke.py", "test_datatypes.py", "test_bad_input.py", "test_lifecycle.py", "test_errors.py",
                 "test_images_server.py"]
 
 
 def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
-    native = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
-                           env={"OVSERVE_GRPC_ENGINE": "native"})
+    """The default (auto) serves plain gRPC on pygrpc-native and says why; the variable picks grpcio."""
+    grpcio = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
+                           env={"OVSERVE_GRPC_ENGINE": "grpcio"})
     default = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
     try:
-        for proc, engine in ((native, "native (pygrpc-native "), (default, "grpcio (grpcio ")):
+        for proc, engine in ((grpcio, "grpcio (grpcio "), (default, "native (pygrpc-native ")):
             proc.wait_ready()
-            assert engine in proc.wait_log("gRPC engine: ")
+            line = proc.wait_log("gRPC engine: ")
+            assert engine in line, line
+            assert line.endswith("for grpc (--grpc-engine grpcio)" if proc is grpcio
+                                 else "for grpc (auto: no TLS on this listener)"), line
             client = tgrpc.InferenceServerClient(proc.grpc_target)
             x = np.arange(32, dtype=np.float32).reshape(2, 16)
             inp = tgrpc.InferInput("x", [2, 16], "FP32")
@@ -45,18 +51,18 @@ def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
             np.testing.assert_array_equal(client.infer("add", [inp]).as_numpy("y"), x + 1)
             client.close()
     finally:
-        native.stop()
+        grpcio.stop()
         default.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_grpc_protocol_tests_pass_on_the_native_engine() -> None:
+def test_grpc_protocol_tests_pass_on_the_grpcio_engine() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "grpc or sigterm",
          *[str(ROOT / "tests" / m) for m in GRPC_MODULES]],
-        cwd=ROOT, capture_output=True, text=True, timeout=540,
-        env={**os.environ, "OVSERVE_GRPC_ENGINE": "native"},
+        cwd=ROOT, capture_output=True, text=True, timeout=540, check=False,
+        env={**os.environ, "OVSERVE_GRPC_ENGINE": "grpcio"},
     )
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
@@ -64,18 +70,38 @@ def test_grpc_protocol_tests_pass_on_the_native_engine() -> None:
     assert int(summary.split(" passed")[0].split()[-1]) >= 150, summary  # the selection did not shrink to nothing
 
 
-def test_native_engine_without_its_package_says_how_to_install_it(demo_repo: Path, tmp_path: Path) -> None:
+def _without_native(tmp_path: Path) -> dict[str, str]:
+    """An environment in which ``import pygrpc_native`` fails, as where it is not installed."""
     blocked = tmp_path / "site"
     (blocked / "pygrpc_native").mkdir(parents=True)
     (blocked / "pygrpc_native" / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_native_engine_without_its_package_says_how_to_install_it(demo_repo: Path, tmp_path: Path) -> None:
     proc = ServerProcess(["--model-repository", str(demo_repo), "--grpc-engine", "native"],
-                         env={"PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])})
+                         env=_without_native(tmp_path))
     try:
         assert proc.proc.wait(60) == 1
     finally:
         proc.stop()
-    assert "cannot start: --grpc-engine native needs the pygrpc-native package: " \
-           "pip install 'ovserve[grpc-native]'" in proc.log, proc.log
+    needs = "cannot start: --grpc-engine native needs the pygrpc-native package: pip install pygrpc-native"
+    assert needs in proc.log, proc.log
+
+
+def test_auto_without_the_native_package_serves_on_grpcio_and_says_why(demo_repo: Path, tmp_path: Path) -> None:
+    proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
+                         env=_without_native(tmp_path))
+    try:
+        proc.wait_ready()
+        line = proc.wait_log("gRPC engine: ")
+        assert "grpcio (grpcio " in line and line.endswith("(auto: pygrpc-native is not installed)"), line
+        client = tgrpc.InferenceServerClient(proc.grpc_target)
+        x = np.arange(16, dtype=np.float32).reshape(1, 16)
+        np.testing.assert_array_equal(grpc_infer(client, "add", x), x + 1)
+        client.close()
+    finally:
+        proc.stop()
 
 
 def test_an_unknown_engine_is_refused_by_the_command_line(demo_repo: Path) -> None:
@@ -140,4 +166,4 @@ def test_an_unknown_engine_from_the_environment_is_refused_with_the_choices(demo
         assert proc.proc.wait(60) == 1
     finally:
         proc.stop()
-    assert "cannot start: unknown gRPC engine 'tonic'; choose one of grpcio, native" in proc.log, proc.log
+    assert "cannot start: unknown gRPC engine 'tonic'; choose one of auto, grpcio, native" in proc.log, proc.log

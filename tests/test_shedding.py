@@ -13,7 +13,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -36,6 +35,8 @@ FLOOD = 8
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """On grpcio: the gRPC retry policy below obeys its grpc-retry-pushback-ms (the native engine's
+    refusals are :func:`native_server`'s)."""
     base = tmp_path_factory.mktemp("shed")
     models.put_version(models.slow(1), base / "slow", 1)
     config = models.write_config(base / "config.json", [
@@ -46,9 +47,27 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         {"name": "relayed", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
     ])
     proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1",
-                          "--metrics-enable"])
+                          "--metrics-enable", "--grpc-engine", "grpcio"])
     try:
         yield proc.wait_ready(timeout=180)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def native_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The default engine on a plain listener (auto: pygrpc-native), with a slow model of a queue of 1."""
+    base = tmp_path_factory.mktemp("shed-native")
+    models.put_version(models.slow(1), base / "slow", 1)
+    config = models.write_config(base / "config.json", [
+        {"name": "native", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
+        {"name": "relayed", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1}])
+    proc = ServerProcess(["--config", str(config), "--poll-interval", "0",
+                          "--access-log", str(base / "access.log")])
+    try:
+        proc.wait_ready(timeout=180)
+        assert "native (pygrpc-native " in proc.wait_log("gRPC engine: ")
+        yield proc
     finally:
         proc.stop()
 
@@ -171,8 +190,10 @@ def test_a_refusal_says_when_to_come_back_and_a_grpc_retry_policy_waits_as_told(
               pytest.raises(grpc.RpcError) as refused):
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
         assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-        pushback = dict(refused.value.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "")
-        assert pushback.isdigit() and int(pushback) >= 1000, refused.value.trailing_metadata()
+        trailing = dict(refused.value.trailing_metadata() or ())
+        pushback = trailing.get("grpc-retry-pushback-ms", "")
+        assert pushback.isdigit() and int(pushback) >= 1000, trailing
+        assert trailing.get("retry-after-ms") == pushback, trailing  # the key every engine sends
 
         policy = {"methodConfig": [{"name": [{"service": "inference.GRPCInferenceService"}], "retryPolicy": {
             "maxAttempts": 5, "initialBackoff": "0.001s", "maxBackoff": "0.002s", "backoffMultiplier": 1,
@@ -198,19 +219,31 @@ def test_a_refusal_says_when_to_come_back_and_a_grpc_retry_policy_waits_as_told(
         filler.join(180)
 
 
-@pytest.fixture(scope="module")
-def relayed_estimate(server: ServerProcess) -> None:
+def relay_estimate(server: ServerProcess) -> None:
     """The relayed model's estimate of one inference: a long one (its first)."""
     x = np.random.default_rng(12).integers(-64, 64, (LONG_ROWS, models.SLOW_K)).astype(np.float32)
     assert rest_infer(server.url, "relayed", x)[0] == 200
 
 
-@pytest.mark.parametrize("protocol", ["v2", "grpc-v2"])
-def test_a_transformer_answers_its_predictors_hint(server: ServerProcess, relayed_estimate: None,
-                                                   protocol: str) -> None:
+@pytest.fixture(scope="module")
+def relayed_estimate(server: ServerProcess) -> None:
+    relay_estimate(server)
+
+
+@pytest.fixture(scope="module")
+def native_relayed_estimate(native_server: ServerProcess) -> None:
+    relay_estimate(native_server)
+
+
+@pytest.mark.parametrize(("protocol", "engine"), [("v2", "grpcio"), ("grpc-v2", "grpcio"), ("grpc-v2", "native")])
+def test_a_transformer_answers_its_predictors_hint(request: pytest.FixtureRequest, protocol: str,
+                                                   engine: str) -> None:
     """A transformer in front of a model that sheds answers 429 with the predictor's own Retry-After (not a
-    default) whichever protocol it speaks to it: over gRPC the pushback tells a refusal under load from a
-    request too large (both RESOURCE_EXHAUSTED), and becomes the Retry-After."""
+    default) whichever protocol it speaks to it and whichever gRPC engine the predictor runs: over gRPC the
+    hint in the trailing metadata (retry-after-ms on both engines; grpcio adds grpc-retry-pushback-ms) tells a
+    refusal under load from a request too large (both RESOURCE_EXHAUSTED), and becomes the Retry-After."""
+    server: ServerProcess = request.getfixturevalue("server" if engine == "grpcio" else "native_server")
+    request.getfixturevalue("relayed_estimate" if engine == "grpcio" else "native_relayed_estimate")
     model, rng = "relayed", np.random.default_rng(12)
     x = rng.integers(-64, 64, (LONG_ROWS, models.SLOW_K)).astype(np.float32)
     host = server.grpc_target if protocol == "grpc-v2" else f"127.0.0.1:{server.rest_port}"
@@ -241,22 +274,16 @@ def test_a_transformer_answers_its_predictors_hint(server: ServerProcess, relaye
         transformer.stop()
 
 
-def test_on_the_native_engine_a_refusal_ends_at_once_without_a_pushback(tmp_path: Path) -> None:
+def test_on_the_native_engine_a_refusal_ends_at_once_with_its_own_retry_hint(native_server: ServerProcess) -> None:
     """pygrpc-native takes metadata keys starting "grpc-" for reserved ones, and a call whose trailing
     metadata holds one never ends (its client waits out the deadline): on that engine a refusal goes without
-    grpc-retry-pushback-ms, and still ends at once, while the request ahead runs."""
-    pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
-    models.put_version(models.slow(1), tmp_path / "slow", 1)
-    config = models.write_config(tmp_path / "config.json", [
-        {"name": "native", "base_path": str(tmp_path / "slow"), "nireq": 1, "max_queued_requests": 1}])
-    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--grpc-engine", "native",
-                          "--access-log", str(tmp_path / "access.log")])
+    grpc-retry-pushback-ms, with the same hint as retry-after-ms, and still ends at once, while the request
+    ahead runs."""
+    proc = native_server
     x = np.random.default_rng(13).integers(-64, 64, (LONG_ROWS, models.SLOW_K)).astype(np.float32)
-    long = filler = None
+    long = threading.Thread(target=rest_infer, args=(proc.url, "native", x))
+    filler = threading.Thread(target=rest_infer, args=(proc.url, "native", x[:1]))
     try:
-        proc.wait_ready(timeout=180)
-        long = threading.Thread(target=rest_infer, args=(proc.url, "native", x))
-        filler = threading.Thread(target=rest_infer, args=(proc.url, "native", x[:1]))
         long.start()
         time.sleep(1.0)  # the long request holds the one infer request; the next one fills the queue of 1
         filler.start()
@@ -272,9 +299,10 @@ def test_on_the_native_engine_a_refusal_ends_at_once_without_a_pushback(tmp_path
         assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
         trailing = dict(refused.value.trailing_metadata() or ())
         assert trailing.get("x-request-id") == "native-1" and "grpc-retry-pushback-ms" not in trailing
-        assert "retry in" in (refused.value.details() or "")  # the hint is in the message still
+        hint = trailing.get("retry-after-ms", "")
+        assert hint.isdigit() and int(hint) >= 1000, trailing
+        assert "retry in" in (refused.value.details() or "")  # the hint is in the message too
     finally:
         for t in (long, filler):
-            if t is not None and t.ident is not None:  # started
+            if t.ident is not None:  # started
                 t.join(180)
-        proc.stop()

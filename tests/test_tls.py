@@ -254,6 +254,39 @@ def test_native_grpc_engine_serves_plain_grpc_beside_tls_rest(repo: Path, certs:
         assert proc.stop() == 0
 
 
+def test_the_default_engine_is_chosen_per_listener_grpcio_where_it_serves_tls(repo: Path, certs: Certs) -> None:
+    """``--grpc-engine auto`` (the default): the KServe gRPC listener serves TLS, so it runs on grpcio; the
+    TorchServe inference listener, told ``--ts-inference-tls off``, runs on pygrpc-native. Each says why."""
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from .ts_stubs import ts_stubs
+
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT,
+                          *tls_flags(certs, client_ca=False), "--ts-inference-port", "0", "--ts-inference-tls", "off"])
+    try:
+        wait_https(proc, certs)
+        engines = [line.split("gRPC engine: ", 1)[1] for line in proc.lines if "gRPC engine: " in line]
+        assert len(engines) == 2, proc.log
+        (grpc_line,) = [e for e in engines if "for grpc (" in e]
+        (ts_line,) = [e for e in engines if "for ts-inference (" in e]
+        assert grpc_line.startswith("grpcio (grpcio ") and grpc_line.endswith(
+            "(auto: this listener serves TLS, which the native engine does not)"), grpc_line
+        assert ts_line.startswith("native (pygrpc-native ") and ts_line.endswith(
+            "(auto: no TLS on this listener)"), ts_line
+        client = triton(proc.grpc_port, certs, None)
+        try:
+            np.testing.assert_allclose(triton_infer(client), expected(), rtol=1e-5)
+        finally:
+            client.close()
+        ts = ts_stubs()
+        with grpc.insecure_channel(f"{HOST}:{proc.ports['ts-inference']}") as channel:
+            stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+            assert json.loads(stub.Ping(empty_pb2.Empty(), timeout=20).health)["status"] == "Healthy"
+    finally:
+        assert proc.stop() == 0
+
+
 @pytest.mark.parametrize("case", ["key of another certificate", "missing key", "CA file without a CA",
                                   "client CA without a certificate", "encrypted key"])
 def test_unusable_tls_files_cannot_start(repo: Path, certs: Certs, other: Certs, tmp_path: Path, case: str) -> None:

@@ -1,14 +1,17 @@
 """A gRPC listener: one server on one port serving any number of services.
 
-The engine is chosen here (``--grpc-engine``; docs/performance.md "A second gRPC engine"):
+The engine is chosen here (``--grpc-engine``; docs/performance.md "Server CPU per request"):
 
-- ``grpcio`` (default): ``grpc.aio``, gRPC's own C-core server;
-- ``native``: ``pygrpc_native.aio`` (the ``grpc-native`` extra), a drop-in
-  ``grpc.aio`` server whose HTTP/2 and per-call work runs in Rust outside the
-  GIL. Unary and server-streaming methods are served by it; bidirectional
-  streams and reflection go to a grpc.aio server it runs behind itself on a
-  Unix socket. One port per server; no TLS (pygrpc-native 0.5 has none): a
-  listener asked for TLS on it refuses to start, saying so.
+- ``auto`` (default): ``native`` on a listener without TLS, ``grpcio`` on one with
+  TLS or where pygrpc-native is not installed; decided per listener once its TLS
+  is known (at bind), and logged with the reason;
+- ``grpcio``: ``grpc.aio``, gRPC's own C-core server;
+- ``native``: ``pygrpc_native.aio``, a drop-in ``grpc.aio`` server whose HTTP/2
+  and per-call work runs in Rust outside the GIL. Unary and server-streaming
+  methods are served by it; bidirectional streams and reflection go to a
+  grpc.aio server it runs behind itself on a Unix socket. One port per server;
+  no TLS (pygrpc-native 0.5 has none): a listener asked for TLS on it refuses
+  to start, saying so.
 
 With TLS (server/tls.py), grpcio serves dynamic credentials: gRPC asks the
 fetcher on every new connection's handshake, and the fetcher hands it the
@@ -32,7 +35,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ...config import GRPC_ENGINES
+from ...config import GRPC_ENGINE_CHOICES, GRPC_ENGINES
 from ...errors import InvalidInput
 from ...gate import OPEN_GATE, Gate
 from ...tls import Material, ServerTls
@@ -87,8 +90,31 @@ class _LazyReflection(grpc.GenericRpcHandler):
         pass
 
 
+def _native_importable() -> bool:
+    try:
+        import pygrpc_native.aio  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def choose_engine(asked: str, tls: bool) -> tuple[str, str]:
+    """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``; ``tls``, whether the
+    listener serves TLS. ``auto`` takes native where it can serve (no TLS, the package importable),
+    grpcio elsewhere; an explicit engine is taken as it is (native with TLS then refuses at bind)."""
+    if asked not in GRPC_ENGINE_CHOICES:
+        raise InvalidInput(f"unknown gRPC engine {asked!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
+    if asked != "auto":
+        return asked, "--grpc-engine " + asked
+    if tls:
+        return "grpcio", "auto: this listener serves TLS, which the native engine does not"
+    if not _native_importable():
+        return "grpcio", "auto: pygrpc-native is not installed"
+    return "native", "auto: no TLS on this listener"
+
+
 def make_server(engine: str, options: list[tuple[str, Any]]) -> grpc.aio.Server:
-    """A grpc.aio-compatible server of the chosen engine."""
+    """A grpc.aio-compatible server of the chosen engine (``grpcio`` or ``native``)."""
     if engine == "grpcio":
         return grpc.aio.server(options=options)
     if engine == "native":
@@ -96,10 +122,10 @@ def make_server(engine: str, options: list[tuple[str, Any]]) -> grpc.aio.Server:
             import pygrpc_native.aio
         except ImportError as exc:
             raise InvalidInput(
-                "--grpc-engine native needs the pygrpc-native package: pip install 'ovserve[grpc-native]'"
+                "--grpc-engine native needs the pygrpc-native package: pip install pygrpc-native"
             ) from exc
         return pygrpc_native.aio.server(options=options)
-    raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINES)}")
+    raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
 
 
 def _certificate_configuration(material: Material) -> Any:
@@ -124,27 +150,39 @@ def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
 
 
 class GrpcListener:
-    """``name`` (the key of the bound-ports map, e.g. ``grpc``) serving ``services`` on one port."""
+    """``name`` (the key of the bound-ports map, e.g. ``grpc``) serving ``services`` on one port.
+
+    The server itself is made at :meth:`bind`, once the listener's TLS (which decides ``auto``) is known."""
 
     def __init__(self, name: str, description: str, services: list[Service], max_message_bytes: int,
-                 engine: str = "grpcio", gate: Gate = OPEN_GATE) -> None:
-        self.name, self.description, self.engine = name, description, engine
-        self.services = services
+                 engine: str = "auto", gate: Gate = OPEN_GATE) -> None:
+        if engine not in GRPC_ENGINE_CHOICES:  # refused before anything binds
+            raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
+        if engine == "native" and not _native_importable():
+            make_server(engine, [])  # says how to install it
+        self.name, self.description, self.asked = name, description, engine
+        self.services, self.gate, self.max_message_bytes = services, gate, max_message_bytes
+        #: the engine serving, and why (set at bind)
+        self.engine, self.reason = "", ""
+        self.server: Any = None
+        self.health = health.aio.HealthServicer()
+        self.in_flight = InFlight()
+
+    def _build(self, engine: str) -> None:
+        self.engine = engine
         self.server = make_server(engine, [
-            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
         ])
-        self.in_flight = InFlight()
-        for service in services:
+        for service in self.services:
             service.servicer.in_flight = self.in_flight  # one drain for every service on this port
-            service.servicer.gate, service.servicer.listener = gate, name  # tokens and access log (server/gate)
+            service.servicer.gate, service.servicer.listener = self.gate, self.name  # tokens and access log
             service.servicer.pushback = engine != "native"  # it cannot send grpc-retry-pushback-ms (Servicer)
             service.register(service.servicer, self.server)
-        self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.server.add_generic_rpc_handlers((_LazyReflection(
-            [*(s.name for s in services), HEALTH_SERVICE, REFLECTION_SERVICE]),))
+            [*(s.name for s in self.services), HEALTH_SERVICE, REFLECTION_SERVICE]),))
 
     def describe(self) -> str:
         package = GRPC_ENGINES[self.engine]
@@ -152,10 +190,12 @@ class GrpcListener:
 
     def bind(self, host: str, port: int, tls: ServerTls | None = None) -> int:
         """Bind ``host:port`` (0: a free port), with TLS when ``tls`` is given; the bound port."""
+        engine, self.reason = choose_engine(self.asked, tls is not None)
+        self._build(engine)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            bound = (self.server.add_secure_port(address, server_credentials(tls)) if tls is not None
-                     else self.server.add_insecure_port(address))
+            bound: int = (self.server.add_secure_port(address, server_credentials(tls)) if tls is not None
+                          else self.server.add_insecure_port(address))
         except NotImplementedError:  # an engine without TLS (pygrpc-native 0.5)
             package = GRPC_ENGINES[self.engine]
             raise InvalidInput(f"{self.name}: the {self.engine} gRPC engine ({package} {version(package)}) serves "
@@ -167,7 +207,7 @@ class GrpcListener:
         return bound
 
     async def start(self) -> None:
-        log.info("gRPC engine: %s, for %s", self.describe(), self.name)
+        log.info("gRPC engine: %s, for %s (%s)", self.describe(), self.name, self.reason)
         for name in ("", *(s.name for s in self.services)):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
@@ -177,6 +217,8 @@ class GrpcListener:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float) -> None:
+        if self.server is None:  # never bound (another listener could not start)
+            return
         native = self.engine == "native"
         if native:
             self.in_flight.closing = True  # from now on, before anything else awaits
