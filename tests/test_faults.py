@@ -47,20 +47,27 @@ def _model_entry(name: str, **options: Any) -> dict:
 def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("faults")
     models.save(models.two_in_two_out(), repo, "pair")  # LATENCY: tiny inferences run inline
+    models.save(models.two_in_two_out(), repo, "pair_one_thread")  # inline on one thread: start and wait
     models.save(models.two_in_two_out(W), repo, "pair_async")
     models.save(models.two_in_two_out(), repo, "pair_batched")
     models.save(models.reshape_by_value(), repo, "by_value")
+    models.save(models.reshape_by_value(), repo, "by_value_one_thread")
     models.save(models.reshape_by_value(), repo, "by_value_batched")
     for transport in TRANSPORTS:  # one each: a model is compiled afresh at most once per 10 s
         models.save(models.broadcast_by_value(), repo, f"alloc_{transport}")
     batching = {"max_batch_size": 8, "max_queue_delay_us": 50_000}
     f32 = {"INFERENCE_PRECISION_HINT": "f32"}
     config = models.write_config(repo / "config.json", [
-        _model_entry("pair", plugin_config=f32),
+        # two threads, named: an untuned model of microseconds gets one (server/runtime/untuned.py)
+        _model_entry("pair", plugin_config={**f32, "INFERENCE_NUM_THREADS": 2}),
+        # one thread, where OpenVINO's synchronous infer() fails nothing and answers with the last
+        # client's outputs (runtime/openvino.py ONE_THREAD_SYNC_IS_UNSAFE)
+        _model_entry("pair_one_thread", plugin_config={**f32, "INFERENCE_NUM_THREADS": 1}),
         # THROUGHPUT: several streams, so only inferences under 150 us would run inline
         _model_entry("pair_async", plugin_config={**f32, "PERFORMANCE_HINT": "THROUGHPUT"}),
         _model_entry("pair_batched", plugin_config=f32, **batching),
-        _model_entry("by_value", plugin_config=f32),
+        _model_entry("by_value", plugin_config={**f32, "INFERENCE_NUM_THREADS": 2}),
+        _model_entry("by_value_one_thread", plugin_config={**f32, "INFERENCE_NUM_THREADS": 1}),
         _model_entry("by_value_batched", plugin_config=f32, **batching),
         *(_model_entry(f"alloc_{t}", plugin_config=f32) for t in TRANSPORTS),
     ])
@@ -191,7 +198,7 @@ def _assert_pair_answer(outputs: dict[str, np.ndarray], inputs: dict[str, np.nda
 
 
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
-@pytest.mark.parametrize("model", ["pair", "pair_async", "pair_batched"])
+@pytest.mark.parametrize("model", ["pair", "pair_one_thread", "pair_async", "pair_batched"])
 def test_inputs_that_fail_inside_openvino_are_answered_and_the_model_keeps_serving(
         fault_server: ServerProcess, model: str, transport: str) -> None:
     send = TRANSPORTS[transport]
@@ -227,7 +234,7 @@ def test_the_issues_large_binary_request_is_refused_and_the_model_serves_on(faul
 
 
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
-@pytest.mark.parametrize("model", ["by_value", "by_value_batched"])
+@pytest.mark.parametrize("model", ["by_value", "by_value_one_thread", "by_value_batched"])
 def test_a_value_that_fails_inside_openvino_is_answered_and_the_model_keeps_serving(
         fault_server: ServerProcess, model: str, transport: str) -> None:
     send = TRANSPORTS[transport]

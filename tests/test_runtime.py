@@ -85,15 +85,18 @@ def test_without_nireq_a_model_gets_a_request_queued_behind_each_stream(tmp_path
     assert _load(tmp_path / "own", models.add_one(), plugin_config=props, nireq=3).nireq == 3
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["never-inline", "always-inline"])
-def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inline_below: float,
+def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inline_below: float, threads: int,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The switch is by measured duration; both paths are forced here (no timing in the test)."""
+    """The switch is by measured duration; both paths are forced here (no timing in the test). Inline on one
+    thread starts the request and waits for it (ONE_THREAD_SYNC_IS_UNSAFE): its callback is no completion."""
     monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
-    model = _load(tmp_path, models.add_one(), nireq=2)
+    model = _load(tmp_path, models.add_one(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
     started = []
     real_start = rt._Completions.on_done
-    monkeypatch.setattr(rt._Completions, "on_done", lambda self, slot: (started.append(1), real_start(self, slot)))
+    monkeypatch.setattr(rt._Completions, "on_done",
+                        lambda self, slot: (slot.inline or started.append(1), real_start(self, slot)))
 
     async def main() -> None:
         for i in range(20):
@@ -179,7 +182,8 @@ def test_threads_chosen_in_plugin_config_win_over_the_quota(tmp_path: Path, one_
 
 def test_without_a_quota_openvino_chooses_its_threads(tmp_path: Path, one_cpu_quota: Path) -> None:
     (one_cpu_quota / "pod" / "cpu.max").write_text("max 100000\n")
-    model = _load(tmp_path / "m", models.add_one())
+    # a hint of the user's own: an untuned model gets threads chosen for it (tests/test_untuned.py)
+    model = _load(tmp_path / "m", models.add_one(), plugin_config={**F32, "PERFORMANCE_HINT": "LATENCY"})
     plain = ov.Core().compile_model(models.add_one(), "CPU", {**F32, "PERFORMANCE_HINT": "LATENCY"})
     assert model._compiled is not None
     assert model._compiled.get_property("INFERENCE_NUM_THREADS") == plain.get_property("INFERENCE_NUM_THREADS")
@@ -309,14 +313,32 @@ def _pair_inputs(rows_a: int, rows_b: int, seed: int = 0) -> dict[str, np.ndarra
     return {"a": _rows(rows_a, seed, width=4), "b": _rows(rows_b, seed + 1, width=4)}
 
 
+def test_openvino_on_one_thread_answers_what_it_cannot_compute_with_the_last_answer() -> None:
+    """The OpenVINO behaviour ONE_THREAD_SYNC_IS_UNSAFE guards against, pinned: if this fails, a new
+    OpenVINO fails such an inference itself, and the guard can go."""
+    compiled = ov.Core().compile_model(models.two_in_two_out(), "CPU", {**F32, "INFERENCE_NUM_THREADS": 1})
+    request = compiled.create_infer_request()
+    good = _pair_inputs(5, 5)
+    request.infer(good)
+    stale = request.infer(_pair_inputs(2, 3, seed=7))  # no error ...
+    np.testing.assert_allclose(stale["sum"], good["a"] + good["b"], rtol=1e-6)  # ... and the last client's answer
+    request.start_async(_pair_inputs(2, 3, seed=7))
+    with pytest.raises(RuntimeError, match="shape infer|Check"):  # started asynchronously, it fails
+        request.wait()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["asynchronous", "inline"])
 def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
-        tmp_path: Path, inline_below: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, inline_below: float, threads: int, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """``a`` [2,4] + ``b`` [3,4] passes every check and fails inside OpenVINO. OpenVINO calls no
     completion callback for such an asynchronous inference: the request must still be answered,
-    its infer request must come back, and the next request must run (on both runtime paths)."""
+    its infer request must come back, and the next request must run (on both runtime paths, on one
+    OpenVINO thread, where a synchronous run fails nothing, and on two)."""
     monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
-    model = _load(tmp_path, models.two_in_two_out(), nireq=2)
+    model = _load(tmp_path, models.two_in_two_out(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
+    assert model.inline_waits == (threads == 1)
     model.cost = 1e-6  # measured already: the inline path is taken from the first request on
 
     async def main() -> None:

@@ -166,6 +166,15 @@ def find_model_file(version_dir: Path) -> Path:
 #: milliseconds-long inferences starved every other model, and the transport
 #: that needs the most loop turns per request (docs/performance.md "Soak").
 INLINE_BELOW_S = 150e-6
+#: OpenVINO's CPU plugin (2026.4), compiled to run on one thread (INFERENCE_NUM_THREADS 1: a model of
+#: microseconds left untuned (untuned.py), a 1-CPU cgroup quota (cpus.py), a 1-CPU machine), does not fail a
+#: *synchronous* ``infer()`` whose inputs the model cannot compute (``a`` [2,4] + ``b`` [3,4], a Reshape
+#: the element count does not divide): it returns empty outputs, or the outputs of the previous inference
+#: on that infer request (another client's answer), and a later call may abort the process ("pure virtual
+#: method called"). Started asynchronously it raises, on one thread as on many. So on one thread an inline
+#: run starts the request and waits for it (~12 us more than ``infer()``); tests/test_runtime.py pins both
+#: OpenVINO's behaviour and ovserve's answer.
+ONE_THREAD_SYNC_IS_UNSAFE = True
 #: infer requests per model without ``nireq`` of its own, per one of the device's optimal number. The
 #: optimal number is one per stream; with only that, a stream waits, each time an inference completes,
 #: for the completion to reach the event loop, the outputs to be read and the next request's inputs to be
@@ -206,8 +215,8 @@ RECOMPILE_EVERY_COMPILES = 10.0
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("check_at", "future", "generation", "keep", "log_failure", "read", "request", "stall_logged",
-                 "started")
+    __slots__ = ("check_at", "future", "generation", "inline", "keep", "log_failure", "read", "request",
+                 "stall_logged", "started")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
@@ -227,6 +236,8 @@ class _Slot:
         self.generation = 0
         #: the outputs the running inference's caller reads (None: every output)
         self.read: Sequence[PortInfo] | None = None
+        #: last run inline by starting and waiting: its completion callback is not a completion to settle
+        self.inline = False
 
 
 class _Completions:
@@ -245,6 +256,8 @@ class _Completions:
         self._pending = False
 
     def on_done(self, slot: _Slot) -> None:
+        if slot.inline:  # an inline run (its caller waited for it on the loop: nothing to hand over)
+            return
         now = time.perf_counter()
         with self._lock:
             self._done.append((slot, now))
@@ -304,6 +317,8 @@ class OpenVINOModel:
         self.batcher: DynamicBatcher | None = None
         #: requests inside :meth:`infer` (running or queued), counted only while max_queued_requests bounds them
         self.admitted = 0
+        #: inline runs start asynchronously and wait rather than call ``infer()`` (ONE_THREAD_SYNC_IS_UNSAFE)
+        self.inline_waits = False
         #: this version's metric series while metrics are on (set by the data plane once it is AVAILABLE)
         self.metrics: VersionSeries | None = None
 
@@ -321,6 +336,7 @@ class OpenVINOModel:
         except Exception:  # a device without the property: ovms_streams reads 0
             self.streams = 0
         self._compiled = compiled
+        self.inline_waits = self._one_thread(compiled)
         self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
         self._idle = deque(self._slots)
         if opts.max_batch_size > 1:
@@ -331,20 +347,34 @@ class OpenVINOModel:
                 raise FailedPrecondition(f"max_batch_size {opts.max_batch_size}: {why_not}")
             self.batcher = DynamicBatcher(self, opts.max_batch_size, opts.max_queue_delay_us)
 
-    def _compile(self) -> ov.CompiledModel:
-        """Read, reshape and compile the model file (blocking)."""
-        started = time.perf_counter()
-        opts = self.options
+    def _read(self) -> ov.Model:
+        """The model file read, with the shape/layout/batch_size options applied (blocking)."""
         try:
             model = core().read_model(str(self.path))
         except Exception as exc:
             raise FailedPrecondition(f"cannot read {self.path.name}: {_first_line(exc)}") from None
         try:
-            model = _apply_options(model, opts)
+            return _apply_options(model, self.options)
         except (FailedPrecondition, InvalidInput):
             raise
         except Exception as exc:
             raise FailedPrecondition(f"cannot apply shape/layout/batch_size: {_first_line(exc)}") from None
+
+    def _one_thread(self, compiled: ov.CompiledModel) -> bool:
+        """Whether ``compiled`` runs on one CPU thread, where a synchronous ``infer()`` must not be used
+        (ONE_THREAD_SYNC_IS_UNSAFE)."""
+        if self.options.device != "CPU" or not ONE_THREAD_SYNC_IS_UNSAFE:
+            return False
+        try:
+            return int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+        except Exception:  # a plugin that does not say
+            return False
+
+    def _compile(self) -> ov.CompiledModel:
+        """Read, reshape and compile the model file (blocking)."""
+        started = time.perf_counter()
+        opts = self.options
+        model = self._read()
         config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO")
                   for k, v in opts.plugin_config.items()}
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
@@ -463,6 +493,7 @@ class OpenVINOModel:
         fut: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
         slot.future = fut
         slot.started = time.perf_counter()
+        slot.inline = False
         try:
             slot.request.start_async()
         except Exception as exc:
@@ -502,7 +533,12 @@ class OpenVINOModel:
         started = time.perf_counter()
         try:
             try:
-                slot.request.infer()  # the GIL is released while OpenVINO runs
+                if self.inline_waits:  # one thread: infer() would not fail (ONE_THREAD_SYNC_IS_UNSAFE)
+                    slot.inline = True
+                    slot.request.start_async()
+                    slot.request.wait()  # the GIL is released while OpenVINO runs
+                else:
+                    slot.request.infer()  # the GIL is released while OpenVINO runs
             except Exception as exc:
                 raise self._failed(slot, exc) from None
             self._measured(time.perf_counter() - started)
