@@ -76,6 +76,26 @@ def matmul(k: int = 8, n: int = 4) -> ov.Model:
     return ov.Model([_named(y, "y")], [x], "matmul")
 
 
+def conv_stack(layers: int, channels: int, size: int, groups: int = 1, dynamic_size: bool = False) -> ov.Model:
+    """x FP32 [-1, channels, size, size] (or [-1, channels, -1, -1]) -> ``layers`` 3x3 convolutions of
+    ``channels`` (depthwise-like with ``groups``) with ReLU, stride 1 -> y. Seeded weights, scaled to keep
+    values of one scale through the layers. Each convolution is 2 * size^2 * channels * (channels / groups) * 9 FLOPs at batch 1."""
+    rng = np.random.default_rng(MATMUL_SEED)
+    dim = -1 if dynamic_size else size
+    x = ops.parameter(ov.PartialShape([-1, channels, dim, dim]), ov.Type.f32, name="x")
+    h = x
+    per = channels // groups
+    for _ in range(layers):
+        w = (rng.standard_normal((channels, per, 3, 3)) * (2 / (9 * per)) ** 0.5).astype(np.float32)  # He: no decay
+        if groups == 1:
+            h = ops.convolution(h, ops.constant(w), [1, 1], [1, 1], [1, 1], [1, 1])
+        else:
+            h = ops.group_convolution(h, ops.constant(w.reshape(groups, channels // groups, per, 3, 3)),
+                                      [1, 1], [1, 1], [1, 1], [1, 1])
+        h = ops.relu(h)
+    return ov.Model([_named(h, "y")], [x], "conv_stack")
+
+
 def two_in_two_out(width: int = 4) -> ov.Model:
     """sum = a + b (FP32 [-1,width]); prod = a * b (FP32 [-1,width]).
 

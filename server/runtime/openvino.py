@@ -25,7 +25,7 @@ from ovserve.common.codecs.datatypes import OV_TO_V2
 
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
-from . import cpus
+from . import cpus, untuned
 from .failures import inference_error
 from .shedding import refusal
 
@@ -377,6 +377,8 @@ class OpenVINOModel:
         model = self._read()
         config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO")
                   for k, v in opts.plugin_config.items()}
+        if opts.device == "CPU" and untuned.untuned(config):
+            self._choose_untuned(model, config, cpus.cpu_budget())
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
         if opts.device == "CPU" and "INFERENCE_NUM_THREADS" not in config:
             self._fit_threads_to_quota(config, cpus.cpu_budget())
@@ -386,6 +388,15 @@ class OpenVINOModel:
             raise FailedPrecondition(f"cannot compile for {opts.device}: {_first_line(exc)}") from None
         self.compile_seconds = time.perf_counter() - started
         return compiled
+
+    def _choose_untuned(self, model: ov.Model, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
+        """Properties for a model the user did not tune, from its work and the CPUs (see untuned.py)."""
+        work = untuned.work_of(model, max(self.options.max_batch_size, 1))
+        choice = untuned.choose(work, budget.usable)
+        config.update(choice.properties)
+        log.info("%s: untuned: %s (%s; set PERFORMANCE_HINT, NUM_STREAMS or INFERENCE_NUM_THREADS in "
+                 "plugin_config to choose)", self.path, ", ".join(f"{k} {v}" for k, v in choice.properties.items()),
+                 choice.why)
 
     def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""
