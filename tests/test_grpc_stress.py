@@ -183,7 +183,7 @@ def test_cancelled_and_timed_out_calls_leave_the_model_serving(start_server: Any
             while not done.is_set() and n < 20_000:
                 try:
                     add_ok(stub, n)
-                except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                except Exception as exc:  # every failure is the finding
                     bystander_errors.append(repr(exc))
                     return
                 n += 1
@@ -252,7 +252,7 @@ def test_connections_opened_and_closed_leak_no_descriptors(start_server: Any, re
                         add_ok(st, n)
                     finally:
                         ch.close()
-            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+            except Exception as exc:  # every failure is the finding
                 failures.append(f"{n}: {exc!r}")
 
     workers = [threading.Thread(target=open_and_close, args=(w,)) for w in range(6)]
