@@ -81,7 +81,7 @@ def _layer_flops(node: ov.Node) -> float:
     if kind == "MatMul":
         data = list(node.input(0).get_shape())
         transpose_a = bool(node.get_attributes().get("transpose_a", False))
-        reduced = data[-2] if transpose_a and len(data) > 1 else data[-1]
+        reduced = int(data[-2] if transpose_a and len(data) > 1 else data[-1])
         return 2.0 * out * reduced
     weights = list(node.input(1).get_shape())
     if kind == "GroupConvolution":  # [groups, out/groups, in/groups, k...]
@@ -94,7 +94,8 @@ def _layer_flops(node: ov.Node) -> float:
 def _batch_index(port: ov.Output) -> int:
     layout = port.get_node().get_layout()
     if not layout.empty and ov.layout_helpers.has_batch(layout):
-        return int(ov.layout_helpers.batch_idx(layout)) % max(port.get_partial_shape().rank.get_length(), 1)
+        rank = int(port.get_partial_shape().rank.get_length())
+        return int(ov.layout_helpers.batch_idx(layout)) % max(rank, 1)
     return 0
 
 
