@@ -73,6 +73,10 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
 
     ``env``: its whole environment (None: this process's). ``setup``: more to run in the child
     before exec (e.g. entering a cgroup). Pipes are text, undecodable bytes replaced.
+
+    The child is forked with a preexec_fn, so a starter that makes gRPC calls on other threads must
+    set ``GRPC_ENABLE_FORK_SUPPORT=false`` before importing grpc: gRPC's fork handlers otherwise abort
+    a child now and then between fork and exec (the tests and the bench do; tests/test_child.py).
     """
     return subprocess.Popen(list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=stderr, text=True, errors="replace",

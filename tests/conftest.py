@@ -3,7 +3,14 @@ the test tiers (tests/tiers.py: every test is in one; ``pytest -m unit`` is the 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+# Before anything imports grpc, which reads it once: no gRPC fork handlers in this process. Every server a
+# test starts is forked with a preexec_fn (server/child.py) while this process's gRPC clients may be busy on
+# other threads, and gRPC's handlers then aborted the child between fork and exec now and then
+# ("Epoll1Poller ... epoll_wait error: Bad file descriptor", exit -6; test_child.py has the reproduction).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from pathlib import Path  # noqa: E402
 from typing import Iterator
 
 import pytest
