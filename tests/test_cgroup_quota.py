@@ -54,7 +54,8 @@ def one_cpu_cgroup() -> Iterator[Path]:
 
 
 def test_a_server_in_a_one_cpu_cgroup_runs_openvino_on_one_thread(tmp_path: Path, one_cpu_cgroup: Path) -> None:
-    models.save(models.add_one(), tmp_path / "repo", "add")
+    models.save(models.add_one(), tmp_path / "repo", "add")  # untuned, tiny: one thread whatever the quota
+    models.save(models.conv_stack(layers=2, channels=16, size=28), tmp_path / "repo", "conv")  # 7 MFLOP
     procs = one_cpu_cgroup / "cgroup.procs"
 
     def enter() -> None:  # in the child, before exec: the whole server lives in the group
@@ -64,7 +65,10 @@ def test_a_server_in_a_one_cpu_cgroup_runs_openvino_on_one_thread(tmp_path: Path
     try:
         server.wait_ready()
         line = server.wait_log(r"cgroup CPU quota allows 1 of the \d+ CPUs in sight: INFERENCE_NUM_THREADS 1")
-        assert "add" in line
+        assert "conv/1/model.xml" in line
+        # the untuned rule counts the CPUs the quota allows: one, so no THROUGHPUT to split it
+        assert "PERFORMANCE_HINT LATENCY (" in server.wait_log(r"conv/1/model\.xml: untuned: .* on 1 CPUs")
+        assert "INFERENCE_NUM_THREADS 1" in server.wait_log(r"add/1/model\.xml: untuned: ")
         assert str(server.proc.pid) in procs.read_text().split()
         x = np.arange(32, dtype=np.float32).reshape(2, 16)
         reply = requests.post(f"{server.url}/v2/models/add/infer", timeout=30, json={
