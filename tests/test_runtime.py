@@ -18,7 +18,7 @@ import pytest
 
 from ovserve.server.errors import FailedPrecondition, InvalidInput
 from ovserve.server.repository.config import parse_config
-from ovserve.server.runtime import cpus
+from ovserve.server.runtime import cpus, shapecheck
 from ovserve.server.runtime import openvino as rt
 from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
 
@@ -90,13 +90,12 @@ def test_without_nireq_a_model_gets_a_request_queued_behind_each_stream(tmp_path
 def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inline_below: float, threads: int,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch is by measured duration; both paths are forced here (no timing in the test). Inline on one
-    thread starts the request and waits for it (ONE_THREAD_SYNC_IS_UNSAFE): its callback is no completion."""
+    thread runs the shapes its shape check vouched for (ONE_THREAD_SYNC_IS_UNSAFE)."""
     monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
     model = _load(tmp_path, models.add_one(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
     started = []
     real_start = rt._Completions.on_done
-    monkeypatch.setattr(rt._Completions, "on_done",
-                        lambda self, slot: (slot.inline or started.append(1), real_start(self, slot)))
+    monkeypatch.setattr(rt._Completions, "on_done", lambda self, slot: (started.append(1), real_start(self, slot)))
 
     async def main() -> None:
         for i in range(20):
@@ -327,6 +326,65 @@ def test_openvino_on_one_thread_answers_what_it_cannot_compute_with_the_last_ans
         request.wait()
 
 
+def test_on_one_thread_inline_runs_only_what_the_shape_check_vouched_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """ONE_THREAD_SYNC_IS_UNSAFE: shapes the model cannot compute are refused before they run; shapes whose
+    outputs depend on input values run asynchronously (OpenVINO fails them there); an inline answer of other
+    shapes than the check gave is never handed over."""
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", 10.0)
+    one = {**F32, "INFERENCE_NUM_THREADS": 1}
+    pair = _load(tmp_path / "pair", models.two_in_two_out(), nireq=2, plugin_config=one)
+    by_value = _load(tmp_path / "by_value", models.reshape_by_value(), nireq=2, plugin_config=one)
+    pair.cost = by_value.cost = 1e-6  # measured: microseconds, inline from the first request on
+    assert pair.shape_check is not None and by_value.shape_check is not None
+    started: list[object] = []
+    real_start = rt._Completions.on_done
+    monkeypatch.setattr(rt._Completions, "on_done", lambda self, slot: (started.append(slot), real_start(self, slot)))
+
+    async def main() -> None:
+        good = _pair_inputs(3, 3, 1)
+        out = await asyncio.gather(*(pair.infer(good) for _ in range(4)))  # four requests, one question
+        for o in out:
+            np.testing.assert_allclose(o["sum"], good["a"] + good["b"], rtol=1e-6)
+        assert started == []  # all inline
+        with pytest.raises(InvalidInput, match=r"cannot compute inputs of these shapes \(a \[2,4\], b \[3,4\]\)"):
+            await pair.infer(_pair_inputs(2, 3))
+        assert started == []  # refused before it ran
+        # reshape_by_value: y's shape follows k's value, so these go to OpenVINO's thread
+        x = _rows(1, 3, width=4)
+        ok = await by_value.infer({"x": x, "k": np.full((1, 1), 2, np.int64)})
+        np.testing.assert_array_equal(ok["y"], x.reshape(2, 2))
+        with pytest.raises(InvalidInput, match="cannot compute inputs"):
+            await asyncio.wait_for(by_value.infer({"x": x, "k": np.full((1, 1), 3, np.int64)}), 10)
+        assert len(started) == 1  # the good one completed asynchronously (the failed one calls no callback)
+        # an answer of other shapes than the check gave (what a stale answer would be) is refused
+        key = pair.shape_check.key(good)
+        pair.shape_check._verdicts[key] = shapecheck.Verdict(outputs={"sum": (9, 4), "prod": (9, 4)})
+        with pytest.raises(rt.InternalError, match="the outputs do not have the shapes the model computes"):
+            await pair.infer(good)
+
+    with caplog.at_level("WARNING", logger=rt.log.name):
+        asyncio.run(main())
+    assert len(pair._idle) == 2 and len(by_value._idle) == 2
+    assert "OpenVINO answered outputs of shapes {'sum': (3, 4), 'prod': (3, 4)}" in caplog.text
+
+
+def test_the_shape_check_remembers_a_bounded_number_of_verdicts(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shapecheck, "LIMIT", 3)
+    model = _load(tmp_path, models.add_one(), plugin_config={**F32, "INFERENCE_NUM_THREADS": 1})
+    check = model.shape_check
+    assert check is not None
+
+    async def main() -> None:
+        for rows in range(1, 6):
+            verdict = await check.ask(((rows, 16),))
+            assert verdict.outputs == {"y": (rows, 16)} and verdict.refused is None
+        assert list(check._verdicts) == [((3, 16),), ((4, 16),), ((5, 16),)]
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["asynchronous", "inline"])
 def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
@@ -338,7 +396,7 @@ def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
     OpenVINO thread, where a synchronous run fails nothing, and on two)."""
     monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
     model = _load(tmp_path, models.two_in_two_out(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
-    assert model.inline_waits == (threads == 1)
+    assert (model.shape_check is not None) == (threads == 1)
     model.cost = 1e-6  # measured already: the inline path is taken from the first request on
 
     async def main() -> None:

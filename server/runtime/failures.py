@@ -38,9 +38,13 @@ def describe_shapes(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> str:
     return ", ".join(f"{name} [{','.join(map(str, shape))}]" for name, shape in shapes)
 
 
+def refused_shapes(exc: BaseException, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> InvalidInput:
+    """The error a client gets for input shapes the model cannot compute together (OpenVINO's ``exc``)."""
+    return InvalidInput(f"the model cannot compute inputs of these shapes ({describe_shapes(shapes)}): {detail(exc)}")
+
+
 def inference_error(exc: BaseException, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> ServerError:
     """The error a client gets for an inference OpenVINO failed, given the input shapes it ran on."""
     if _SHAPE_FAILURE.search(str(exc)):
-        return InvalidInput(f"the model cannot compute inputs of these shapes ({describe_shapes(shapes)}): "
-                            f"{detail(exc)}")
+        return refused_shapes(exc, shapes)
     return InternalError(f"inference failed: {detail(exc)}")

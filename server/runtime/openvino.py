@@ -27,6 +27,7 @@ from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerErro
 from ..types import Dim, PortInfo
 from . import cpus, untuned
 from .failures import inference_error
+from .shapecheck import ShapeCheck
 from .shedding import refusal
 
 if TYPE_CHECKING:  # imported when a model batches (see load)
@@ -166,14 +167,10 @@ def find_model_file(version_dir: Path) -> Path:
 #: milliseconds-long inferences starved every other model, and the transport
 #: that needs the most loop turns per request (docs/performance.md "Soak").
 INLINE_BELOW_S = 150e-6
-#: OpenVINO's CPU plugin (2026.4), compiled to run on one thread (INFERENCE_NUM_THREADS 1: a model of
-#: microseconds left untuned (untuned.py), a 1-CPU cgroup quota (cpus.py), a 1-CPU machine), does not fail a
-#: *synchronous* ``infer()`` whose inputs the model cannot compute (``a`` [2,4] + ``b`` [3,4], a Reshape
-#: the element count does not divide): it returns empty outputs, or the outputs of the previous inference
-#: on that infer request (another client's answer), and a later call may abort the process ("pure virtual
-#: method called"). Started asynchronously it raises, on one thread as on many. So on one thread an inline
-#: run starts the request and waits for it (~12 us more than ``infer()``); tests/test_runtime.py pins both
-#: OpenVINO's behaviour and ovserve's answer.
+#: OpenVINO's CPU plugin (2026.4) on one thread does not fail a synchronous ``infer()`` whose inputs the
+#: model cannot compute: it answers with the previous client's outputs, or aborts the process later. So a
+#: model compiled to one thread runs inline only the input shapes its shape check has vouched for, and
+#: checks the outputs' shapes (shapecheck.py; tests/test_runtime.py pins OpenVINO's behaviour).
 ONE_THREAD_SYNC_IS_UNSAFE = True
 #: infer requests per model without ``nireq`` of its own, per one of the device's optimal number. The
 #: optimal number is one per stream; with only that, a stream waits, each time an inference completes,
@@ -215,8 +212,8 @@ RECOMPILE_EVERY_COMPILES = 10.0
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("check_at", "future", "generation", "inline", "keep", "log_failure", "read", "request",
-                 "stall_logged", "started")
+    __slots__ = ("check_at", "future", "generation", "keep", "log_failure", "read", "request", "stall_logged",
+                 "started")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
@@ -236,8 +233,6 @@ class _Slot:
         self.generation = 0
         #: the outputs the running inference's caller reads (None: every output)
         self.read: Sequence[PortInfo] | None = None
-        #: last run inline by starting and waiting: its completion callback is not a completion to settle
-        self.inline = False
 
 
 class _Completions:
@@ -256,8 +251,6 @@ class _Completions:
         self._pending = False
 
     def on_done(self, slot: _Slot) -> None:
-        if slot.inline:  # an inline run (its caller waited for it on the loop: nothing to hand over)
-            return
         now = time.perf_counter()
         with self._lock:
             self._done.append((slot, now))
@@ -317,8 +310,8 @@ class OpenVINOModel:
         self.batcher: DynamicBatcher | None = None
         #: requests inside :meth:`infer` (running or queued), counted only while max_queued_requests bounds them
         self.admitted = 0
-        #: inline runs start asynchronously and wait rather than call ``infer()`` (ONE_THREAD_SYNC_IS_UNSAFE)
-        self.inline_waits = False
+        #: for a model on one thread, what OpenVINO vouches for before an inline ``infer()`` (ONE_THREAD_SYNC_IS_UNSAFE)
+        self.shape_check: ShapeCheck | None = None
         #: this version's metric series while metrics are on (set by the data plane once it is AVAILABLE)
         self.metrics: VersionSeries | None = None
 
@@ -336,7 +329,9 @@ class OpenVINOModel:
         except Exception:  # a device without the property: ovms_streams reads 0
             self.streams = 0
         self._compiled = compiled
-        self.inline_waits = self._one_thread(compiled)
+        self.shape_check = (ShapeCheck(self._read, [(p.name, p.index) for p in self.inputs],
+                                       [(p.name, p.index) for p in self.outputs])
+                            if self._one_thread(compiled) else None)
         self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
         self._idle = deque(self._slots)
         if opts.max_batch_size > 1:
@@ -487,14 +482,33 @@ class OpenVINOModel:
         """Run ``inputs`` on an acquired infer request; the request goes back to the pool."""
         slot.log_failure = log_failure
         slot.read = outputs
+        cost = self.cost
+        inline = cost is not None and cost < INLINE_BELOW_S
+        expect: dict[str, tuple[int, ...]] | None = None
+        check = self.shape_check
+        if inline and check is not None:  # one thread: only what OpenVINO vouched for runs inline
+            try:
+                key = check.key(inputs)
+                verdict = check.known(key) or await check.ask(key)
+            except BaseException:
+                self.release(slot)
+                raise
+            if verdict.refused is not None:
+                self.release(slot)
+                refused = InvalidInput(verdict.refused)
+                if log_failure:
+                    log.warning("%s: %s", self.path, refused.message)
+                    refused.logged = True
+                raise refused
+            expect = verdict.outputs
+            inline = expect is not None  # outputs that depend on values: asynchronously, where failures raise
         try:
             self._feed(slot, inputs)
         except BaseException:
             self.release(slot)
             raise
-        cost = self.cost
-        if cost is not None and cost < INLINE_BELOW_S:
-            return self._run_inline(slot)
+        if inline:
+            return self._run_inline(slot, expect)
         loop = asyncio.get_running_loop()
         completions = self._completions
         if completions is None or completions.loop is not loop:
@@ -504,7 +518,6 @@ class OpenVINOModel:
         fut: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
         slot.future = fut
         slot.started = time.perf_counter()
-        slot.inline = False
         try:
             slot.request.start_async()
         except Exception as exc:
@@ -540,20 +553,24 @@ class OpenVINOModel:
         except Exception as exc:
             raise InvalidInput(f"the model refused the inputs: {_first_line(exc)}") from None
 
-    def _run_inline(self, slot: _Slot) -> dict[str, np.ndarray]:
+    def _run_inline(self, slot: _Slot, expect: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+        """``infer()`` on the loop thread; ``expect``: the outputs' shapes OpenVINO's shape inference gave (a
+        model on one thread, ONE_THREAD_SYNC_IS_UNSAFE), which its answer must have."""
         started = time.perf_counter()
         try:
             try:
-                if self.inline_waits:  # one thread: infer() would not fail (ONE_THREAD_SYNC_IS_UNSAFE)
-                    slot.inline = True
-                    slot.request.start_async()
-                    slot.request.wait()  # the GIL is released while OpenVINO runs
-                else:
-                    slot.request.infer()  # the GIL is released while OpenVINO runs
+                slot.request.infer()  # the GIL is released while OpenVINO runs
             except Exception as exc:
                 raise self._failed(slot, exc) from None
             self._measured(time.perf_counter() - started)
-            return self._read_outputs(slot)
+            result = self._read_outputs(slot)
+            if expect is not None:
+                wrong = {name: out.shape for name, out in result.items() if out.shape != expect[name]}
+                if wrong:  # not this request's answer: never hand it over
+                    log.error("%s: OpenVINO answered outputs of shapes %s where the model computes %s", self.path,
+                              wrong, {name: expect[name] for name in wrong})
+                    raise InternalError("inference failed: the outputs do not have the shapes the model computes")
+            return result
         finally:
             slot.keep = None
             self.release(slot)
