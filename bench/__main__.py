@@ -8,7 +8,6 @@ See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
 import signal
 import sys
@@ -242,13 +241,7 @@ def main(argv: list[str]) -> int:
 
 
 def local_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf"):
-        with contextlib.suppress(PackageNotFoundError):
-            out[name] = version(name)
-    return out
+    return report.installed("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf")
 
 
 if __name__ == "__main__":

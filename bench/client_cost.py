@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib.util
 import json
 import resource
@@ -257,13 +256,9 @@ def table(results: list[Result], markdown: bool) -> str:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+    from . import report
 
-    out = {}
-    for name in ("ovserve", "tritonclient", "kserve", "grpcio", "protobuf", "aiohttp", "httpx", "numpy"):
-        with contextlib.suppress(PackageNotFoundError):
-            out[name] = version(name)
-    return out
+    return report.installed("ovserve", "tritonclient", "kserve", "grpcio", "protobuf", "aiohttp", "httpx", "numpy")
 
 
 def main(argv: list[str]) -> int:

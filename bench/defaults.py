@@ -24,7 +24,6 @@ choice (its INFO lines with the word "untuned"; ``-`` when none). Written to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import shlex
@@ -307,13 +306,7 @@ def write(rows: list[Row], text: str, started: datetime, out: Path) -> list[Path
 
 
 def local_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("ovserve", "openvino", "grpcio"):
-        with contextlib.suppress(PackageNotFoundError):
-            out[name] = version(name)
-    return out
+    return report.installed("ovserve", "openvino", "grpcio")
 
 
 def main(argv: list[str]) -> int:

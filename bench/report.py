@@ -28,6 +28,18 @@ DEFAULT_GRPC_SERVER = "ovserve-native"
 NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
 
 
+def installed(*names: str) -> dict[str, str]:
+    """The installed version of each package in ``names`` that is installed, in that order."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
 @dataclass
 class Run:
     rows: list[Row]

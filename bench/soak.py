@@ -472,13 +472,8 @@ def code_version() -> str:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf", "opencv-python-headless"):
-        with contextlib.suppress(PackageNotFoundError):
-            out[name] = version(name)
-    return out
+    return report.installed("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf",
+                            "opencv-python-headless")
 
 
 # -- rendering ------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ See bench/README.md, "TorchServe".
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import signal
@@ -252,13 +251,7 @@ def write(rows: list[Row], text: str, started: datetime, out: Path) -> list[Path
 
 
 def local_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("ovserve", "openvino", "grpcio", "opencv-python-headless"):
-        with contextlib.suppress(PackageNotFoundError):
-            out[name] = version(name)
-    return out
+    return report.installed("ovserve", "openvino", "grpcio", "opencv-python-headless")
 
 
 def main(argv: list[str]) -> int:
