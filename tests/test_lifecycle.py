@@ -513,7 +513,9 @@ def test_config_edits_apply_without_restart(tmp_path: Path, start_server) -> Non
         assert ready(server) == 200
     # ... and the watcher still applies the next valid edit.
     write_json(path, config_doc({**a, "model_version_policy": {"all": {}}}, b))
-    wait_until(lambda: metadata_versions(server, "a") == ["1", "2"], "the next valid edit", server)
+    # b comes back too, loaded in the background: it answers 503 (LOADING) for a moment
+    wait_until(lambda: metadata_versions(server, "a") == ["1", "2"] and infer(server, "b").status_code == 200,
+               "the next valid edit", server)
     assert delta(server, "a", 1) == 1 and delta(server, "a", 2) == 2 and delta(server, "b") == 5
     assert server.proc.pid == pid and server.proc.poll() is None
 
