@@ -372,11 +372,13 @@ class OpenVINOModel:
         model = self._read()
         config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO")
                   for k, v in opts.plugin_config.items()}
-        if opts.device == "CPU" and untuned.untuned(config):
-            self._choose_untuned(model, config, cpus.cpu_budget())
+        if opts.device == "CPU":
+            budget = cpus.cpu_budget()  # the affinity mask and the cgroup files, read once for both choices
+            if untuned.untuned(config):
+                self._choose_untuned(model, config, budget)
+            if "INFERENCE_NUM_THREADS" not in config:
+                self._fit_threads_to_quota(config, budget)
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
-        if opts.device == "CPU" and "INFERENCE_NUM_THREADS" not in config:
-            self._fit_threads_to_quota(config, cpus.cpu_budget())
         try:
             compiled = core().compile_model(model, opts.device, config)
         except Exception as exc:
