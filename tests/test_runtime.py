@@ -143,6 +143,20 @@ def test_a_tiny_model_runs_inline_however_slow_the_hand_off_to_openvino_is(
     assert len(model._idle) == 2
 
 
+def test_inline_runs_slowed_by_the_load_around_them_do_not_move_the_inline_rule(tmp_path: Path) -> None:
+    """Under load on two cores `add`'s inline runs took 40-200 us where alone they take 13: the rule reads the
+    second shortest of the last INLINE_SAMPLES, so three slow ones in five leave it where it was, and four
+    (the model's inputs grew, say) move it."""
+    model = _load(tmp_path, models.add_one(), nireq=1)
+    tiny, slowed = 13e-6, 1e-3
+    for seconds in (tiny, slowed, slowed, tiny, slowed):
+        model._measured(seconds, inline=seconds)
+    assert model.inline_cost == tiny and model._runs_inline()
+    model._measured(slowed, inline=slowed)  # four of the last five
+    assert model.inline_cost == slowed
+    assert model.cost is not None and model.cost > rt.INLINE_BELOW_S  # every run counts in the estimate for hints
+
+
 def test_a_model_above_the_line_is_measured_inline_rarely_and_more_rarely_each_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose asynchronous estimate is under PROBE_BELOW_S but whose inline runs are above
