@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -131,15 +132,18 @@ def test_a_tiny_model_runs_inline_however_slow_the_hand_off_to_openvino_is(
     monkeypatch.setattr(OpenVINOModel, "_settle", slow_hand_off)
     model = _load(tmp_path, models.add_one(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
 
-    async def main() -> None:
-        for i in range(10):
+    async def main(rounds: int) -> None:
+        for i in range(rounds):
             xs = [_rows(2, 10 * i + j) for j in range(4)]  # four in flight from the first request on
             for x, out in zip(xs, await asyncio.gather(*(model.infer({"x": x}) for x in xs))):
                 np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
 
-    asyncio.run(main())
-    assert len(started) <= 4  # only the first four, before anything was measured, ran asynchronously
+    asyncio.run(main(10))
+    assert len(started) < 40  # the first ones, before an estimate, ran asynchronously; then it was measured
     assert model.inline_cost is not None and model.inline_cost < rt.INLINE_BELOW_S  # what it takes: microseconds
+    before = len(started)
+    asyncio.run(main(10))
+    assert len(started) == before  # inline from then on
     assert len(model._idle) == 2
 
 
@@ -160,40 +164,41 @@ def test_inline_runs_slowed_by_the_load_around_them_do_not_move_the_inline_rule(
 def test_a_model_above_the_line_is_measured_inline_rarely_and_more_rarely_each_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose asynchronous estimate is under PROBE_BELOW_S but whose inline runs are above
-    INLINE_BELOW_S runs one inference inline to measure it (after a first, cold one that does not count),
-    then none for PROBE_FIRST_S, then none for twice that."""
+    INLINE_BELOW_S runs INLINE_TRUSTED inferences inline to measure it (after a first, cold one that does not
+    count), then none for PROBE_FIRST_S, then one, then none for twice that."""
     monkeypatch.setattr(rt, "INLINE_BELOW_S", 1e-9)  # every inline run is above it
     model = _load(tmp_path, models.add_one(), nireq=2)
     inline: list[int] = []
     real_inline = OpenVINOModel._run_inline
     monkeypatch.setattr(OpenVINOModel, "_run_inline",
                         lambda self, *a, **k: (inline.append(1), real_inline(self, *a, **k))[1])
-    clock = [1000.0]
-    monkeypatch.setattr(rt.time, "monotonic", lambda: clock[0])
 
-    async def burst() -> None:
-        for i in range(5):
-            x = _rows(1, i)
-            np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
+    def burst() -> float:
+        """Eight inferences one after the other; how long until the next inline run may measure the model."""
+        async def main() -> None:
+            for i in range(8):
+                x = _rows(1, i)
+                np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
 
-    asyncio.run(burst())  # the first asynchronously (nothing measured), the second inline and cold, the third
-    assert len(inline) == 2 and model.inline_cost is not None and model.inline_cost > rt.INLINE_BELOW_S
-    clock[0] += rt.PROBE_FIRST_S * 0.9
-    asyncio.run(burst())
-    assert len(inline) == 2
-    clock[0] += rt.PROBE_FIRST_S * 0.2
-    asyncio.run(burst())
-    assert len(inline) == 3
-    clock[0] += rt.PROBE_FIRST_S * 1.5  # the next one waits twice as long
-    asyncio.run(burst())
-    assert len(inline) == 3
-    clock[0] += rt.PROBE_FIRST_S
-    asyncio.run(burst())
-    assert len(inline) == 4
+        asyncio.run(main())
+        return model._probe_at - time.monotonic()
+
+    # the first asynchronously (nothing measured), the second inline and cold, then INLINE_TRUSTED measured one
+    # after the other, and one more that sets the schedule
+    wait = burst()
+    assert len(inline) == 1 + rt.INLINE_TRUSTED + 1
+    assert model.inline_cost is not None and model.inline_cost > rt.INLINE_BELOW_S
+    assert 0.5 * rt.PROBE_FIRST_S < wait <= rt.PROBE_FIRST_S
+    n = len(inline)
+    assert burst() == pytest.approx(wait, abs=0.5 * rt.PROBE_FIRST_S) and len(inline) == n  # none meanwhile
+    model._probe_at = 0.0  # as if that time had passed
+    assert 1.5 * rt.PROBE_FIRST_S < burst() <= 2 * rt.PROBE_FIRST_S and len(inline) == n + 1  # then twice as long
+    model._probe_at = 0.0
+    assert 3 * rt.PROBE_FIRST_S < burst() <= 4 * rt.PROBE_FIRST_S and len(inline) == n + 2
     model.cost = 1.0  # an estimate of a second (what a few fast runs leave above PROBE_BELOW_S): never inline
-    clock[0] += rt.PROBE_MAX_S
-    asyncio.run(burst())
-    assert len(inline) == 4
+    model._probe_at = 0.0
+    burst()
+    assert len(inline) == n + 2
 
 
 CPUS = cpus.cpu_budget().usable  # the CPUs in sight, or fewer under a cgroup CPU quota
