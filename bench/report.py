@@ -40,6 +40,7 @@ def installed(*names: str) -> dict[str, str]:
             continue
     return out
 
+
 @dataclass
 class Run:
     rows: list[Row]

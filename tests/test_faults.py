@@ -47,7 +47,7 @@ def _model_entry(name: str, **options: Any) -> dict:
 def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("faults")
     models.save(models.two_in_two_out(), repo, "pair")  # LATENCY: tiny inferences run inline
-    models.save(models.two_in_two_out(), repo, "pair_one_thread")  # inline on one thread: start and wait
+    models.save(models.two_in_two_out(), repo, "pair_one_thread")  # inline on one thread: only shapes the shape check vouched for
     models.save(models.two_in_two_out(W), repo, "pair_async")
     models.save(models.two_in_two_out(), repo, "pair_batched")
     models.save(models.reshape_by_value(), repo, "by_value")

@@ -361,7 +361,7 @@ class OpenVINOModel:
         self._threads = _threads_of(compiled)
         self.shape_check = (ShapeCheck(self._read, [(p.name, p.index) for p in self.inputs],
                                        [(p.name, p.index) for p in self.outputs])
-                            if self._one_thread(compiled) else None)
+                            if self._one_thread() else None)
         self._slots = [_Slot(compiled.create_infer_request()) for _ in range(self.nireq)]
         self._idle = deque(self._slots)
         if opts.max_batch_size > 1:
@@ -385,10 +385,10 @@ class OpenVINOModel:
         except Exception as exc:
             raise FailedPrecondition(f"cannot apply shape/layout/batch_size: {_first_line(exc)}") from None
 
-    def _one_thread(self, compiled: ov.CompiledModel) -> bool:
-        """Whether ``compiled`` runs on one CPU thread, where a synchronous ``infer()`` must not be used
-        (ONE_THREAD_SYNC_IS_UNSAFE)."""
-        return self.options.device == "CPU" and ONE_THREAD_SYNC_IS_UNSAFE and _threads_of(compiled) == 1
+    def _one_thread(self) -> bool:
+        """Whether the compiled model runs on one CPU thread (``_threads``, read at load), where a synchronous
+        ``infer()`` must not be used (ONE_THREAD_SYNC_IS_UNSAFE)."""
+        return self.options.device == "CPU" and ONE_THREAD_SYNC_IS_UNSAFE and self._threads == 1
 
     def _compile(self) -> ov.CompiledModel:
         """Read, reshape and compile the model file (blocking)."""
