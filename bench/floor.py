@@ -16,6 +16,15 @@ does all of that on top.
 If raw OpenVINO cannot keep up that rate beside this traffic, no server can
 meet the target here: it would have to run the same inferences while moving
 the same bytes, and more.
+
+With ``--served grpc,rest-binary`` each round also starts a fresh ovserve on
+the same model files and properties and measures it through the benchmark's
+load generator at the same concurrency, right after that round's ceiling: a
+served row against the ceiling and against raw alone *of its own round*, the
+median of those paired ratios over the rounds. A server's throughput moves
+from one start to the next (up to 12% for the native gRPC engine), and the
+machine's speed from one hour to the next, so a ceiling measured in another
+run can put a served row 10% either side of a line; the paired ratios cannot.
 """
 from __future__ import annotations
 
@@ -33,7 +42,8 @@ import numpy as np
 import openvino as ov
 import psutil
 
-from . import contention, loadgen, models, specs
+from . import contention, loadgen, models, servers, specs
+from .measure import run_case
 
 
 def _framed(message: bytes) -> bytes:
@@ -153,6 +163,47 @@ def raw_beside_wire(compiled: ov.CompiledModel, x: np.ndarray, concurrency: int,
             proc.join(5)
 
 
+@dataclass
+class Served:
+    """One round's served rows: infer/s and server CPU (% of a core) per protocol."""
+    per_s: dict[str, float]
+    cpu_pct: dict[str, float]
+
+
+def served_round(config: Path, spec: specs.ModelSpec, model_path: Path, protocols: list[str],
+                 concurrency: int, seconds: float, extra: list[str]) -> Served:
+    """A fresh ovserve serving ``spec``'s model as ``config`` says, measured over each protocol in turn."""
+    out = Served({}, {})
+    with servers.start_ovserve(config, extra) as server:
+        server.wait_ready([spec.name])
+        for protocol in protocols:
+            port = server.grpc_port if protocol == "grpc" else server.rest_port
+            case = loadgen.Case(protocol, spec.name, concurrency, seconds, 1.0, port=port, model_path=str(model_path),
+                                plugin_config=spec.plugin_config)
+            row = run_case(case, "ovserve", server.pid, log=lambda *_: None)
+            if row.errors or not row.count:
+                raise RuntimeError(f"ovserve over {protocol}: {row.errors} errors ({row.first_error[:300]})")
+            out.per_s[protocol], out.cpu_pct[protocol] = row.throughput, row.server_cpu_pct
+        if not server.alive():
+            raise RuntimeError(f"ovserve died during the round:\n{server.log}")
+    return out
+
+
+def report_served(protocols: list[str], alone: list[float], beside: list[Beside], served: list[Served],
+                  of_ceiling: float, of_raw: float) -> None:
+    """Each protocol's median throughput and its paired ratios to the same round's ceiling and raw alone."""
+    print(f"  served by ovserve (a fresh server each round), each against its own round "
+          f"(goal: {of_ceiling:.2f} x the ceiling and {of_raw:.2f} x raw alone):")
+    for protocol in protocols:
+        runs = [s.per_s[protocol] for s in served]
+        x_ceiling = float(np.median([r / b.infer_per_s for r, b in zip(runs, beside, strict=True)]))
+        x_raw = float(np.median([r / a for r, a in zip(runs, alone, strict=True)]))
+        cpu = float(np.median([s.cpu_pct[protocol] for s in served]))
+        met = x_ceiling >= of_ceiling and x_raw >= of_raw
+        print(f"    {protocol:12} {np.median(runs):4.0f}/s (runs: {', '.join(f'{v:.0f}' for v in runs)}; server CPU "
+              f"{cpu:.0f}%) = {x_ceiling:.2f} x the ceiling, {x_raw:.2f} x raw alone: {'met' if met else 'not met'}")
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnetish", choices=["resnetish", "mobilenet_v2"])
@@ -161,7 +212,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--share", type=float, default=0.85, help="the wire rate, as a share of raw alone (the target)")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--repeat", type=int, default=3, help="alternate alone/beside this many times; report medians")
+    p.add_argument("--served", default="", metavar="PROTOCOLS",
+                   help="comma-separated protocols (grpc, rest-binary, rest-json) to serve the model over with a fresh "
+                        "ovserve in each round, right after the round's ceiling")
+    p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
+                   help="an argument for the served ovserve (repeatable)")
+    p.add_argument("--of-ceiling", type=float, default=0.9, help="the served goal, x the ceiling (issue 21: 0.9)")
+    p.add_argument("--of-raw", type=float, default=0.8, help="the served goal, x raw alone (issue 21: 0.8)")
     args = p.parse_args(argv)
+    protocols = [v for v in args.served.split(",") if v]
     specs.with_hint(args.hint)
     spec = specs.SPECS[args.model]
     with tempfile.TemporaryDirectory(prefix="ovserve-floor-") as tmp:
@@ -170,14 +229,19 @@ def main(argv: list[str]) -> int:
             print(f"{args.model}: not available here", file=sys.stderr)
             return 1
         compiled = ov.Core().compile_model(str(paths[args.model]), "CPU", dict(spec.plugin_config))
+        config = models.write_config(Path(tmp) / "config", [args.model], repo=Path(tmp))
         x = spec.sample()
         request, reply = wire_messages(spec, x)
         alone: list[float] = []
         beside: list[Beside] = []
+        served: list[Served] = []
         for _ in range(args.repeat):
             alone.append(contention.raw_async(compiled, x, args.concurrency, args.seconds))
             pace = args.share * float(np.median(alone))  # the target's rate, from the runs alone so far
             beside.append(raw_beside_wire(compiled, x, args.concurrency, args.seconds, pace, request, reply))
+            if protocols:
+                served.append(served_round(config, spec, paths[args.model], protocols, args.concurrency,
+                                           args.seconds, list(args.ovserve_arg)))
     base = float(np.median(alone))
     infer = float(np.median([b.infer_per_s for b in beside]))
     carried = float(np.median([b.wire_per_s for b in beside]))
@@ -202,6 +266,8 @@ def main(argv: list[str]) -> int:
             f" here: it needs {rate:.0f} inferences/s while moving those bytes; raw OpenVINO beside them, "
             f"with no server work at all, managed {infer:.0f}/s")
     print(f"  a server at {args.share:.2f} x raw async is {verdict}")
+    if protocols:
+        report_served(protocols, alone, beside, served, args.of_ceiling, args.of_raw)
     return 0
 
 

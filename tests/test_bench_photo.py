@@ -58,3 +58,25 @@ def test_served_paths_are_compared_with_the_in_process_pipeline_at_the_same_conc
     assert body[(photo.PATHS[("ovserve", "grpc")], "4")][-1] == "0.90"
     assert body[(photo.PATHS[("ovserve", "grpc")], "4")][7] == "8333"  # 1.5 s of CPU per s / 180 images
     assert body[(photo.PATHS[("raw", "photo")], "1")][-1] == ""  # the pipeline is the baseline
+
+
+def test_rounds_are_read_as_medians_and_targets_as_each_rounds_paired_ratio() -> None:
+    def round_of(grpc: float, raw: float) -> list[Row]:
+        return [Row("mobilenet_v2", "ovserve", "grpc", 4, throughput=grpc, count=10, server_cpu_pct=180.0),
+                Row("mobilenet_v2", "ovserve", "rest-binary", 4, throughput=grpc, count=10, server_cpu_pct=180.0),
+                Row("mobilenet_v2", "raw", "photo", 4, throughput=raw, count=10, server_cpu_pct=198.0)]
+
+    # round 2 ran in a slow spell (both rows slow), round 4 on a slow server start: paired, three rounds read
+    # 0.8 and one 0.57 (median 0.8); the medians of the cells, unpaired, would read 275 / 387.5 = 0.71
+    rounds = [round_of(320, 400), round_of(240, 300), round_of(300, 375), round_of(250, 440)]
+    rows = [r for one in rounds for r in one]
+    cells = {(r.server, r.protocol, r.concurrency): r for r in photo.merged(rows)}
+    assert cells[("ovserve", "grpc", 4)].throughput == 275 and cells[("raw", "photo", 4)].throughput == 387.5
+    assert cells[("ovserve", "grpc", 4)].count == 40
+    got = {t.case: t for t in photo.targets(rows, rounds)}
+    target = got["photo grpc c4 / in process c4"]
+    assert target.value == pytest.approx(0.8) and target.met
+    assert "median of 4 rounds" in target.measured
+    assert photo.targets(rows)[0].value == pytest.approx(275 / 387.5)  # without the rounds: the cells' medians
+    body = {(r[0], r[1]): r for r in photo.table(rows)}
+    assert body[(photo.PATHS[("ovserve", "grpc")], "4")][2] == "275"  # one line per cell, not one per round

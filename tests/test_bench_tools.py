@@ -53,6 +53,22 @@ def test_floor_runs_raw_openvino_beside_the_wire() -> None:
 
 
 @pytest.mark.slow
+def test_floor_serves_the_model_in_each_round_and_pairs_it_with_that_rounds_ceiling() -> None:
+    out = _run("bench.floor", "--repeat", "2", "--seconds", "0.5", "--served", "grpc,rest-binary")
+    ceiling = [int(v) for v in re.search(r"\(runs: ([\d, ]+); median of the paired", out).group(1).split(", ")]
+    assert len(ceiling) == 2, out
+    for protocol in ("grpc", "rest-binary"):
+        line = re.search(rf"{protocol} +(\d+)/s \(runs: (\d+), (\d+); server CPU (\d+)%\) = ([\d.]+) x the ceiling, "
+                         rf"([\d.]+) x raw alone: (met|not met)", out)
+        assert line, out
+        runs = [int(line.group(2)), int(line.group(3))]
+        assert min(runs) > 0 and int(line.group(4)) > 0, out
+        # the ratio is the median of each round's served / that round's ceiling
+        paired = sorted(r / c for r, c in zip(runs, ceiling, strict=True))
+        assert float(line.group(5)) == pytest.approx(sum(paired) / 2, abs=0.011), out
+
+
+@pytest.mark.slow
 def test_contention_runs_raw_openvino_beside_a_competitor() -> None:
     out = _run("bench.contention", "--models", "resnetish", "--shares", "0,0.2", "--repeat", "1", "--seconds", "0.5")
     line = re.search(r"resnetish \(LATENCY\): 0%: (\d+)/s \(1\.00\)  20%: (\d+)/s \(([\d.]+)\)", out)
