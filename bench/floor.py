@@ -30,20 +30,25 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import shlex
 import socket
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
 import psutil
 
-from . import contention, loadgen, models, servers, specs
-from .measure import run_case
+from . import contention, loadgen, models, report, servers, specs
+from .measure import ROOT, run_case
+
+RESULTS = ROOT / "bench" / "results"
 
 
 def _framed(message: bytes) -> bytes:
@@ -190,9 +195,9 @@ def served_round(config: Path, spec: specs.ModelSpec, model_path: Path, protocol
 
 
 def report_served(protocols: list[str], alone: list[float], beside: list[Beside], served: list[Served],
-                  of_ceiling: float, of_raw: float) -> None:
+                  of_ceiling: float, of_raw: float, say: Callable[[str], None] = print) -> None:
     """Each protocol's median throughput and its paired ratios to the same round's ceiling and raw alone."""
-    print(f"  served by ovserve (a fresh server each round), each against its own round "
+    say(f"  served by ovserve (a fresh server each round), each against its own round "
           f"(goal: {of_ceiling:.2f} x the ceiling and {of_raw:.2f} x raw alone):")
     for protocol in protocols:
         runs = [s.per_s[protocol] for s in served]
@@ -200,7 +205,7 @@ def report_served(protocols: list[str], alone: list[float], beside: list[Beside]
         x_raw = float(np.median([r / a for r, a in zip(runs, alone, strict=True)]))
         cpu = float(np.median([s.cpu_pct[protocol] for s in served]))
         met = x_ceiling >= of_ceiling and x_raw >= of_raw
-        print(f"    {protocol:12} {np.median(runs):4.0f}/s (runs: {', '.join(f'{v:.0f}' for v in runs)}; server CPU "
+        say(f"    {protocol:12} {np.median(runs):4.0f}/s (runs: {', '.join(f'{v:.0f}' for v in runs)}; server CPU "
               f"{cpu:.0f}%) = {x_ceiling:.2f} x the ceiling, {x_raw:.2f} x raw alone: {'met' if met else 'not met'}")
 
 
@@ -219,8 +224,17 @@ def main(argv: list[str]) -> int:
                    help="an argument for the served ovserve (repeatable)")
     p.add_argument("--of-ceiling", type=float, default=0.9, help="the served goal, x the ceiling (issue 21: 0.9)")
     p.add_argument("--of-raw", type=float, default=0.8, help="the served goal, x raw alone (issue 21: 0.8)")
+    p.add_argument("--out", type=Path, default=RESULTS, metavar="DIR", help="where floor-<stamp>.md goes")
+    p.add_argument("--no-out", action="store_true", help="print only, write nothing")
     args = p.parse_args(argv)
     protocols = [v for v in args.served.split(",") if v]
+    started = report.now()
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line)
+        lines.append(line)
+
     specs.with_hint(args.hint)
     spec = specs.SPECS[args.model]
     with tempfile.TemporaryDirectory(prefix="ovserve-floor-") as tmp:
@@ -251,10 +265,10 @@ def main(argv: list[str]) -> int:
     runs = ", ".join(f"{b.infer_per_s:.0f}" for b in beside)
     # each beside run / the alone run before it
     paired = float(np.median([b.infer_per_s / a for a, b in zip(alone, beside, strict=True)]))
-    print(f"{args.model} ({spec.plugin_config.get('PERFORMANCE_HINT')}), raw async OpenVINO at {args.concurrency} "
+    say(f"{args.model} ({spec.plugin_config.get('PERFORMANCE_HINT')}), raw async OpenVINO at {args.concurrency} "
           f"in flight, median of {args.repeat}:")
-    print(f"  alone: {base:.0f}/s (runs: {', '.join(f'{v:.0f}' for v in alone)})")
-    print(f"  beside the bytes of {args.share:.2f} x that ({np.median([b.asked_per_s for b in beside]):.0f} requests/s "
+    say(f"  alone: {base:.0f}/s (runs: {', '.join(f'{v:.0f}' for v in alone)})")
+    say(f"  beside the bytes of {args.share:.2f} x that ({np.median([b.asked_per_s for b in beside]):.0f} requests/s "
           f"asked, {carried:.0f}/s carried: {carried * len(request) / 1e6:.0f} MB/s in, "
           f"{carried * len(reply) / 1e6:.1f} MB/s out; "
           f"sender {client:.0%}, sink {server:.0%} of a core): "
@@ -265,10 +279,26 @@ def main(argv: list[str]) -> int:
         verdict = ("within reach" if infer >= rate else "out of reach") + (
             f" here: it needs {rate:.0f} inferences/s while moving those bytes; raw OpenVINO beside them, "
             f"with no server work at all, managed {infer:.0f}/s")
-    print(f"  a server at {args.share:.2f} x raw async is {verdict}")
+    say(f"  a server at {args.share:.2f} x raw async is {verdict}")
     if protocols:
-        report_served(protocols, alone, beside, served, args.of_ceiling, args.of_raw)
+        report_served(protocols, alone, beside, served, args.of_ceiling, args.of_raw, say)
+    if not args.no_out:
+        print(f"\nwrote {write(lines, shlex.join(['python', '-m', 'bench.floor', *argv]), started, args.out)}")
     return 0
+
+
+def write(lines: list[str], command: str, started: datetime, out: Path) -> Path:
+    """``floor-<stamp>.md`` in ``out``: the machine, the command and what the run printed."""
+    m = report.machine()
+    text = "\n".join([f"# The ceiling of a served model, {started.strftime('%Y-%m-%d %H:%M UTC')}", "",
+                      f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}; Python {m['python']}",
+                      f"- command: `{command}`", "", "```", *lines, "```", ""])
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"floor-{started.strftime('%Y%m%d-%H%M')}.md"
+    if path.exists():
+        path = out / f"floor-{started.strftime('%Y%m%d-%H%M%S')}.md"
+    path.write_text(text)
+    return path
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def test_wire_messages_are_the_served_request_and_reply() -> None:
 
 @pytest.mark.slow
 def test_floor_runs_raw_openvino_beside_the_wire() -> None:
-    out = _run("bench.floor", "--repeat", "1", "--seconds", "0.5")
+    out = _run("bench.floor", "--repeat", "1", "--seconds", "0.5", "--no-out")
     alone = re.search(r"alone: (\d+)/s", out)
     beside = re.search(r"(\d+)/s carried: (\d+) MB/s in.*\): (\d+)/s = ([\d.]+) x alone", out)
     assert alone and beside, out
@@ -53,8 +53,10 @@ def test_floor_runs_raw_openvino_beside_the_wire() -> None:
 
 
 @pytest.mark.slow
-def test_floor_serves_the_model_in_each_round_and_pairs_it_with_that_rounds_ceiling() -> None:
-    out = _run("bench.floor", "--repeat", "2", "--seconds", "0.5", "--served", "grpc,rest-binary")
+def test_floor_serves_the_model_in_each_round_and_pairs_it_with_that_rounds_ceiling(tmp_path: Path) -> None:
+    out = _run("bench.floor", "--repeat", "2", "--seconds", "0.5", "--served", "grpc,rest-binary", "--out", str(tmp_path))
+    [written] = tmp_path.glob("floor-*.md")
+    assert "--served grpc,rest-binary" in written.read_text() and "x the ceiling" in written.read_text()
     ceiling = [int(v) for v in re.search(r"\(runs: ([\d, ]+); median of the paired", out).group(1).split(", ")]
     assert len(ceiling) == 2, out
     for protocol in ("grpc", "rest-binary"):
