@@ -198,7 +198,7 @@ def report_served(protocols: list[str], alone: list[float], beside: list[Beside]
                   of_ceiling: float, of_raw: float, say: Callable[[str], None] = print) -> None:
     """Each protocol's median throughput and its paired ratios to the same round's ceiling and raw alone."""
     say(f"  served by ovserve (a fresh server each round), each against its own round "
-          f"(goal: {of_ceiling:.2f} x the ceiling and {of_raw:.2f} x raw alone):")
+        f"(goal: {of_ceiling:.2f} x the ceiling and {of_raw:.2f} x raw alone):")
     for protocol in protocols:
         runs = [s.per_s[protocol] for s in served]
         x_ceiling = float(np.median([r / b.infer_per_s for r, b in zip(runs, beside, strict=True)]))
@@ -206,7 +206,7 @@ def report_served(protocols: list[str], alone: list[float], beside: list[Beside]
         cpu = float(np.median([s.cpu_pct[protocol] for s in served]))
         met = x_ceiling >= of_ceiling and x_raw >= of_raw
         say(f"    {protocol:12} {np.median(runs):4.0f}/s (runs: {', '.join(f'{v:.0f}' for v in runs)}; server CPU "
-              f"{cpu:.0f}%) = {x_ceiling:.2f} x the ceiling, {x_raw:.2f} x raw alone: {'met' if met else 'not met'}")
+            f"{cpu:.0f}%) = {x_ceiling:.2f} x the ceiling, {x_raw:.2f} x raw alone: {'met' if met else 'not met'}")
 
 
 def main(argv: list[str]) -> int:
@@ -266,13 +266,13 @@ def main(argv: list[str]) -> int:
     # each beside run / the alone run before it
     paired = float(np.median([b.infer_per_s / a for a, b in zip(alone, beside, strict=True)]))
     say(f"{args.model} ({spec.plugin_config.get('PERFORMANCE_HINT')}), raw async OpenVINO at {args.concurrency} "
-          f"in flight, median of {args.repeat}:")
+        f"in flight, median of {args.repeat}:")
     say(f"  alone: {base:.0f}/s (runs: {', '.join(f'{v:.0f}' for v in alone)})")
     say(f"  beside the bytes of {args.share:.2f} x that ({np.median([b.asked_per_s for b in beside]):.0f} requests/s "
-          f"asked, {carried:.0f}/s carried: {carried * len(request) / 1e6:.0f} MB/s in, "
-          f"{carried * len(reply) / 1e6:.1f} MB/s out; "
-          f"sender {client:.0%}, sink {server:.0%} of a core): "
-          f"{infer:.0f}/s = {infer / base:.2f} x alone (runs: {runs}; median of the paired ratios {paired:.2f})")
+        f"asked, {carried:.0f}/s carried: {carried * len(request) / 1e6:.0f} MB/s in, "
+        f"{carried * len(reply) / 1e6:.1f} MB/s out; "
+        f"sender {client:.0%}, sink {server:.0%} of a core): "
+        f"{infer:.0f}/s = {infer / base:.2f} x alone (runs: {runs}; median of the paired ratios {paired:.2f})")
     if kept_pace < 0.98:
         verdict = f"out of reach here: the bytes alone fell behind (carried {kept_pace:.0%} of the rate asked)"
     else:

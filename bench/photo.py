@@ -77,7 +77,7 @@ class Runner:
                  f"{row.server_cpu_pct:.0f}%  other {row.other_cpu_pct:.0f}%{err}")
 
     def run(self, config: Path) -> None:
-        for n in range(max(1, getattr(self.args, "repeat", 1))):
+        for n in range(max(1, self.args.repeat)):
             self.rounds.append([])
             self.round(config, n)
 
