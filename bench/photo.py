@@ -102,14 +102,17 @@ def _find(rows: list[Row], server: str, protocol: str, c: int) -> Row | None:
 
 
 def merged(rows: list[Row]) -> list[Row]:
-    """One row per (path, concurrency): the median of each figure over the rounds, errors and counts summed."""
+    """One row per (path, concurrency): the median of each figure over the rounds that answered (as
+    ``bench.defaults.cell`` reads its rounds; a round with no answer is not a zero), errors and counts summed."""
     cells: dict[tuple[str, str, int], list[Row]] = {}
     for r in rows:
         cells.setdefault((r.server, r.protocol, r.concurrency), []).append(r)
     out = []
     for (server, protocol, c), group in cells.items():
-        def med(field: str, group: list[Row] = group) -> float:
-            return statistics.median(getattr(r, field) for r in group)
+        answered = [r for r in group if r.count] or group
+
+        def med(field: str, answered: list[Row] = answered) -> float:
+            return statistics.median(getattr(r, field) for r in answered)
         out.append(Row(MODEL, server, protocol, c, throughput=med("throughput"), p50_ms=med("p50_ms"),
                        p99_ms=med("p99_ms"), count=sum(r.count for r in group), errors=sum(r.errors for r in group),
                        server_cpu_pct=med("server_cpu_pct"), other_cpu_pct=med("other_cpu_pct"),

@@ -80,3 +80,10 @@ def test_rounds_are_read_as_medians_and_targets_as_each_rounds_paired_ratio() ->
     assert photo.targets(rows)[0].value == pytest.approx(275 / 387.5)  # without the rounds: the cells' medians
     body = {(r[0], r[1]): r for r in photo.table(rows)}
     assert body[(photo.PATHS[("ovserve", "grpc")], "4")][2] == "275"  # one line per cell, not one per round
+
+
+def test_a_round_without_answers_is_left_out_of_the_medians_not_read_as_zero() -> None:
+    rows = [Row("mobilenet_v2", "ovserve", "grpc", 4, throughput=t, count=n, errors=e, server_cpu_pct=180.0)
+            for t, n, e in ((300.0, 10, 0), (0.0, 0, 5), (320.0, 10, 0))]
+    [cell] = photo.merged(rows)
+    assert cell.throughput == 310 and cell.errors == 5 and cell.count == 20
