@@ -18,11 +18,10 @@ from pathlib import Path
 
 from . import models, peer, report, servers, specs
 from .loadgen import Case
-from .measure import ROOT, Row, run_quietest, wait_quiet
+from .measure import RESULTS, Row, run_quietest, wait_quiet
 
 PROTOCOLS = ("grpc", "rest-json", "rest-binary")
 #: Where a run is written by default: one file per run, cited by docs/performance.md.
-RESULTS = ROOT / "bench" / "results"
 SETTLE = 2.0  # seconds a server idles after loading before its idle RSS is read
 
 

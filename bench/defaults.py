@@ -39,9 +39,8 @@ from pathlib import Path
 
 from . import models, report, servers, specs
 from .loadgen import Case
-from .measure import ROOT, Row, add_run_options, run_quietest, wait_quiet
+from .measure import RESULTS, Row, add_run_options, run_quietest, wait_quiet
 
-RESULTS = ROOT / "bench" / "results"
 CONFIGS = ("untuned", "tuned")  # the order of each round: untuned first
 PROTOCOLS = ("grpc", "rest-json", "rest-binary")
 GOAL = 0.95  # untuned / tuned throughput

@@ -46,9 +46,7 @@ import openvino as ov
 import psutil
 
 from . import contention, loadgen, models, report, servers, specs
-from .measure import ROOT, run_case
-
-RESULTS = ROOT / "bench" / "results"
+from .measure import RESULTS, run_case
 
 
 def _framed(message: bytes) -> bytes:
@@ -293,10 +291,7 @@ def write(lines: list[str], command: str, started: datetime, out: Path) -> Path:
     text = "\n".join([f"# The ceiling of a served model, {started.strftime('%Y-%m-%d %H:%M UTC')}", "",
                       f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}; Python {m['python']}",
                       f"- command: `{command}`", "", "```", *lines, "```", ""])
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"floor-{started.strftime('%Y%m%d-%H%M')}.md"
-    if path.exists():
-        path = out / f"floor-{started.strftime('%Y%m%d-%H%M%S')}.md"
+    path = report.stamped("floor", started, out)
     path.write_text(text)
     return path
 

@@ -21,6 +21,8 @@ from .loadgen import Case
 from .servers import cpu_seconds, rss_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
+#: where every bench run is written (dated files; latest.md is the last full run)
+RESULTS = ROOT / "bench" / "results"
 RSS_PERIOD = 0.2  # seconds between RSS samples during a window
 
 

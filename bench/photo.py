@@ -34,10 +34,9 @@ from pathlib import Path
 
 from . import models, report, servers, soak, specs
 from .loadgen import Case
-from .measure import ROOT, Row, add_run_options, run_quietest, wait_quiet
+from .measure import RESULTS, Row, add_run_options, run_quietest, wait_quiet
 
 MODEL = "mobilenet_v2"
-RESULTS = ROOT / "bench" / "results"
 #: (server, protocol) of each row, in the table's order, and what it is called there
 PATHS = {("ovserve", "grpc"): "gRPC ModelInfer, BYTES (bytes_contents)",
          ("ovserve", "rest-binary"): "REST binary tensor extension, BYTES",

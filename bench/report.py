@@ -318,14 +318,19 @@ def write_outputs(run: Run, out_dir: Path) -> list[Path]:
     return [md_path, latest, csv_path]
 
 
+def stamped(prefix: str, started: datetime, out: Path) -> Path:
+    """``out``/``<prefix>-<stamp>.md`` (``out`` made), the stamp ``YYYYMMDD-HHMM`` of the start, with the
+    seconds when that minute's file exists."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{prefix}-{started.strftime('%Y%m%d-%H%M')}.md"
+    return out / f"{prefix}-{started.strftime('%Y%m%d-%H%M%S')}.md" if path.exists() else path
+
+
 def write_named(prefix: str, rows: list[Row], text: str, started: datetime, out: Path) -> list[Path]:
     """A side bench's run: ``<prefix>-<stamp>.md`` (``text``) and ``.csv`` (``rows``) in ``out``, the stamp
     ``YYYYMMDD-HHMM`` of the start, with the seconds when that minute's file exists."""
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = started.strftime("%Y%m%d-%H%M")
-    if (out / f"{prefix}-{stamp}.md").exists():
-        stamp = started.strftime("%Y%m%d-%H%M%S")
-    md, data = out / f"{prefix}-{stamp}.md", out / f"{prefix}-{stamp}.csv"
+    md = stamped(prefix, started, out)
+    data = md.with_suffix(".csv")
     md.write_text(text)
     with data.open("w", newline="") as f:
         dicts = [r.as_dict() for r in rows]

@@ -35,10 +35,9 @@ from pathlib import Path
 
 from . import models, report, servers, soak, specs, ts_peer
 from .loadgen import Case
-from .measure import ROOT, Row, add_run_options, run_quietest, wait_quiet
+from .measure import RESULTS, ROOT, Row, add_run_options, run_quietest, wait_quiet
 
 MODEL = ts_peer.MODEL
-RESULTS = ROOT / "bench" / "results"
 #: (server, kind) of each row, in the table's order, and what it is called there
 APIS = {("ovserve", "ts-grpc"): "TorchServe gRPC Predictions",
         ("ovserve", "grpc"): "KServe V2 gRPC ModelInfer (BYTES)",

@@ -11,13 +11,14 @@ import os
 import re
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from bench import floor, specs
+from bench import floor, report, specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,3 +76,16 @@ def test_contention_runs_raw_openvino_beside_a_competitor() -> None:
     out = _run("bench.contention", "--models", "resnetish", "--shares", "0,0.2", "--repeat", "1", "--seconds", "0.5")
     line = re.search(r"resnetish \(LATENCY\): 0%: (\d+)/s \(1\.00\)  20%: (\d+)/s \(([\d.]+)\)", out)
     assert line and int(line.group(1)) > 0 and int(line.group(2)) > 0, out
+
+
+def test_runs_in_the_same_minute_are_written_side_by_side_not_over_each_other(tmp_path: Path) -> None:
+    # bench.floor's file and every side bench's (report.write_named) take their name from report.stamped
+    started = datetime(2026, 11, 24, 19, 17, 42, tzinfo=timezone.utc)
+    first = floor.write(["first run"], "python -m bench.floor", started, tmp_path / "results")
+    second = floor.write(["second run"], "python -m bench.floor", started, tmp_path / "results")
+    assert (first.name, second.name) == ("floor-20261124-1917.md", "floor-20261124-191742.md")
+    assert "first run" in first.read_text() and "second run" in second.read_text()
+    named = report.write_named("photo", [], "table", started, tmp_path / "results")
+    again = report.write_named("photo", [], "table", started, tmp_path / "results")
+    assert [p.name for p in named + again] == ["photo-20261124-1917.md", "photo-20261124-1917.csv",
+                                               "photo-20261124-191742.md", "photo-20261124-191742.csv"]
