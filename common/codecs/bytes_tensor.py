@@ -42,7 +42,7 @@ def pack(elements: np.ndarray) -> bytes:
     """Serialize a BYTES array (object/str/bytes elements) to the framed form."""
     parts: list[bytes] = []
     for item in elements.reshape(-1):
-        b = as_bytes(item)
+        b = item if type(item) is bytes else as_bytes(item)  # a model's string output: bytes already
         parts.append(_LEN.pack(len(b)))
         parts.append(b)
     return b"".join(parts)
