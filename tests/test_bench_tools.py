@@ -89,3 +89,20 @@ def test_runs_in_the_same_minute_are_written_side_by_side_not_over_each_other(tm
     again = report.write_named("photo", [], "table", started, tmp_path / "results")
     assert [p.name for p in named + again] == ["photo-20261124-1917.md", "photo-20261124-1917.csv",
                                                "photo-20261124-191742.md", "photo-20261124-191742.csv"]
+
+
+def test_loopcost_measures_both_paths_on_the_real_server_and_pairs_their_rounds() -> None:
+    # the real model server on this process's loop: the V2 servicer's ModelInfer, then the runtime alone
+    out = _run("bench.loopcost", "--model", "resnetish", "--concurrency", "2", "--requests", "60", "--rounds", "2",
+               "--probe", "--probe-times", "20")
+    rounds = {}
+    for path in ("servicer", "runtime"):
+        line = next(x for x in out.splitlines() if x.startswith(path))
+        runs = [(float(rate), float(us)) for rate, us in re.findall(r"(\d+)/s (\d+) us", line)]
+        assert len(runs) == 2 and all(rate > 0 and us > 0 for rate, us in runs), line
+        rounds[path] = runs
+    line = next(x for x in out.splitlines() if x.startswith("the layers above the runtime"))
+    printed = [float(d) for d in re.findall(r"([+-]\d+)", line.split("paired rounds:")[1])]
+    expected = [s[1] - r[1] for s, r in zip(rounds["servicer"], rounds["runtime"], strict=True)]
+    assert printed == pytest.approx(expected, abs=1.01)  # printed rounded, from unrounded figures
+    assert len(re.findall(r"after +[\d.]+ ms +median", out)) == 4
