@@ -167,3 +167,28 @@ def test_an_unknown_engine_from_the_environment_is_refused_with_the_choices(demo
     finally:
         proc.stop()
     assert "cannot start: unknown gRPC engine 'tonic'; choose one of auto, grpcio, native" in proc.log, proc.log
+
+
+def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: Path) -> None:
+    """One pygrpc-native I/O thread per 4 CPUs the process may use, at least one, at most its default
+    two: the server runs that many, says so, and serves on them."""
+    from ovserve.server.runtime.cpus import cpu_budget
+    from ovserve.server.transports.grpc.listener import native_io_threads
+
+    assert [native_io_threads(n) for n in (1, 2, 4, 7, 8, 64)] == [1, 1, 1, 1, 2, 2]
+    expected = native_io_threads(cpu_budget().usable)  # the tests' own process sees the same CPUs
+    proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
+    try:
+        proc.wait_ready()
+        line = proc.wait_log("gRPC engine: ")
+        assert "native (pygrpc-native " in line and f"; {expected} I/O thread" in line, line
+        tasks = Path(f"/proc/{proc.proc.pid}/task")
+        names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
+        assert names.count("grpc-native-io") == expected, names
+        client = tgrpc.InferenceServerClient(proc.grpc_target)
+        try:
+            np.testing.assert_array_equal(grpc_infer(client, "add", np.ones((1, 16), np.float32)), np.full((1, 16), 2.0))
+        finally:
+            client.close()
+    finally:
+        proc.stop()
