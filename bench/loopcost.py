@@ -42,10 +42,11 @@ PROBE_TIMES = 2000  # each pause's repetitions
 
 
 def request_bytes(spec: specs.ModelSpec) -> bytes:
+    """The bench's request (``spec.sample()``) serialized with ovserve's own stubs: loadgen.grpc_request's
+    come from tritonclient, whose descriptors clash with ovserve's in one process."""
     from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 
-    x = np.random.default_rng(0).integers(0, 255, spec.shape).astype(np.uint8 if spec.datatype == "UINT8"
-                                                                      else np.float32)
+    x = spec.sample()
     req = pb.ModelInferRequest(model_name=spec.name)
     req.inputs.add(name=spec.input_name, datatype=spec.datatype, shape=list(spec.shape))
     req.raw_input_contents.append(x.tobytes())
@@ -78,15 +79,14 @@ async def measure(config: Path, spec: specs.ModelSpec, concurrency: int, request
         model = server.manager.version(spec.name).model
         assert model is not None, f"{spec.name} did not load"
         payload = request_bytes(spec)
-        dtype = np.uint8 if spec.datatype == "UINT8" else np.float32
 
         async def via_servicer() -> None:
             reply = await servicer.ModelInfer(pb.ModelInferRequest.FromString(payload), context)
             reply.SerializeToString()
 
         async def via_runtime() -> None:
-            msg = pb.ModelInferRequest.FromString(payload)
-            await model.infer({spec.input_name: np.frombuffer(msg.raw_input_contents[0], dtype).reshape(spec.shape)})
+            raw = pb.ModelInferRequest.FromString(payload).raw_input_contents[0]
+            await model.infer({spec.input_name: np.frombuffer(raw, spec.dtype).reshape(spec.shape)})
 
         calls: dict[str, Callable[[], object]] = {"servicer": via_servicer, "runtime": via_runtime}
 
