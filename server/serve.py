@@ -12,7 +12,6 @@ from .gate import gate_from_settings
 from .model_server import ModelServer
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
-from .runtime.cpus import cpu_budget
 from .runtime.openvino import LoadOptions
 from .torchserve.store import ModelStore
 from .transports.grpc.listener import GrpcListener
@@ -64,20 +63,19 @@ def build(settings: Settings) -> Server:
                             metrics=monitoring.metrics(settings), max_queued_requests=settings.max_queued_requests)
     rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
-    cpus = cpu_budget().usable  # the cgroup quota counted: it sets the native gRPC engine's I/O threads
     if settings.grpc_port is not None:  # --grpc-port off: REST only
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)],
-                                       settings.max_request_bytes, settings.grpc_engine, gate, cpus),
+                                       settings.max_request_bytes, settings.grpc_engine, gate),
                           settings.grpc_port))
     # TorchServe's two gRPC APIs, each on a listener of its own (as TorchServe serves them)
     if settings.ts_inference_port is not None:
         listeners.append((GrpcListener("ts-inference", "TorchServe gRPC inference", [ts_inference.service(dataplane)],
-                                       settings.max_request_bytes, settings.grpc_engine, gate, cpus),
+                                       settings.max_request_bytes, settings.grpc_engine, gate),
                           settings.ts_inference_port))
     if settings.ts_management_port is not None:
         listeners.append((GrpcListener("ts-management", "TorchServe gRPC management",
                                        [ts_management.service(dataplane)], settings.max_request_bytes,
-                                       settings.grpc_engine, gate, cpus), settings.ts_management_port))
+                                       settings.grpc_engine, gate), settings.ts_management_port))
     if dataplane.metrics is not None:
         monitoring.add_listeners(listeners, dataplane, settings)
     return Server(dataplane, listeners, settings.host, settings.grace_period,

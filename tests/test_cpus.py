@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ovserve.server.runtime.cpus import CpuBudget, cgroup_cpu_quota
+from ovserve.server.cpus import CpuBudget, cgroup_cpu_quota
 
 POD = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope"
 

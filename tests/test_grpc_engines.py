@@ -172,7 +172,7 @@ def test_an_unknown_engine_from_the_environment_is_refused_with_the_choices(demo
 def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: Path) -> None:
     """One pygrpc-native I/O thread per 4 CPUs the process may use, at least one, at most its default
     two: the server runs that many, says so, and serves on them."""
-    from ovserve.server.runtime.cpus import cpu_budget
+    from ovserve.server.cpus import cpu_budget
     from ovserve.server.transports.grpc.listener import native_io_threads
 
     assert [native_io_threads(n) for n in (1, 2, 4, 7, 8, 64)] == [1, 1, 1, 1, 2, 2]
@@ -192,3 +192,22 @@ def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: 
             client.close()
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize(("quota", "threads"), [(None, 2), ("200000 100000", 1), ("800000 100000", 2)])
+def test_every_grpc_listener_sizes_its_io_threads_from_the_cgroup_quota(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quota: str | None, threads: int) -> None:
+    """A pod of ``limits.cpu: 2`` on a node of 16 CPUs: every gRPC listener (the model server's, the
+    transformer's, the explainer's: one class) reads the quota itself, not only the CPUs in sight."""
+    from ovserve.server import cpus
+    from ovserve.server.transports.grpc.listener import GrpcListener
+
+    root = tmp_path / "cgroup"
+    (root / "pod").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "pod" / "cpu.max").write_text(f"{quota or 'max 100000'}\n")
+    (tmp_path / "self-cgroup").write_text("0::/pod\n")
+    monkeypatch.setattr(cpus, "CGROUP_ROOT", root)
+    monkeypatch.setattr(cpus, "PROC_SELF_CGROUP", tmp_path / "self-cgroup")
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert GrpcListener("grpc", "KServe V2 gRPC", [], 1 << 20).io_threads == threads

@@ -17,9 +17,10 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from ovserve.server import cpus
 from ovserve.server.errors import FailedPrecondition, InvalidInput
 from ovserve.server.repository.config import parse_config
-from ovserve.server.runtime import cpus, shapecheck
+from ovserve.server.runtime import shapecheck
 from ovserve.server.runtime import openvino as rt
 from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
 

@@ -15,7 +15,7 @@ import openvino.opset13 as ops
 import pytest
 import requests
 
-from ovserve.server.runtime import cpus
+from ovserve.server import cpus
 from ovserve.server.runtime import untuned as ut
 from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
 

@@ -23,9 +23,10 @@ import openvino as ov
 
 from ovserve.common.codecs.datatypes import OV_TO_V2
 
+from .. import cpus
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
-from . import cpus, untuned
+from . import untuned
 from .failures import inference_error
 from .shapecheck import ShapeCheck
 from .shedding import refusal

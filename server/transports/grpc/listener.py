@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -40,6 +39,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ...config import GRPC_ENGINE_CHOICES, GRPC_ENGINES
+from ...cpus import cpu_budget
 from ...errors import InvalidInput
 from ...gate import OPEN_GATE, Gate
 from ...tls import Material, ServerTls
@@ -171,18 +171,18 @@ class GrpcListener:
     """``name`` (the key of the bound-ports map, e.g. ``grpc``) serving ``services`` on one port.
 
     The server itself is made at :meth:`bind`, once the listener's TLS (which decides ``auto``) is known.
-    ``cpus``: the CPUs the process may use (the cgroup quota counted; default: the CPUs it may run on),
-    which set the native engine's I/O threads (:func:`native_io_threads`)."""
+    The native engine's I/O threads follow the CPUs the process may use, the cgroup quota counted
+    (:func:`native_io_threads`); every listener (model server, transformer, explainer) reads the same budget."""
 
     def __init__(self, name: str, description: str, services: list[Service], max_message_bytes: int,
-                 engine: str = "auto", gate: Gate = OPEN_GATE, cpus: int | None = None) -> None:
+                 engine: str = "auto", gate: Gate = OPEN_GATE) -> None:
         if engine not in GRPC_ENGINE_CHOICES:  # refused before anything binds
             raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
         if engine == "native" and not _native_importable():
             make_server(engine, [])  # says how to install it
         self.name, self.description, self.asked = name, description, engine
         self.services, self.gate, self.max_message_bytes = services, gate, max_message_bytes
-        self.io_threads = native_io_threads(cpus if cpus is not None else len(os.sched_getaffinity(0)))
+        self.io_threads = native_io_threads(cpu_budget().usable)
         #: the engine serving, and why (set at bind)
         self.engine, self.reason = "", ""
         self.server: Any = None
