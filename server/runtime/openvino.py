@@ -26,7 +26,7 @@ from ovserve.common.codecs.datatypes import OV_TO_V2
 from .. import cpus
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
-from . import untuned
+from . import threadstate, untuned
 from .failures import inference_error
 from .shapecheck import ShapeCheck
 from .shedding import refusal
@@ -271,6 +271,7 @@ class _Completions:
 
     def on_done(self, slot: _Slot) -> None:
         now = time.perf_counter()
+        threadstate.keep()  # or pybind11 makes and deletes a thread state, mmap and munmap, per inference
         with self._lock:
             self._done.append((slot, now))
             if self._pending:

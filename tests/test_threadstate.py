@@ -1,0 +1,108 @@
+"""OpenVINO's completion callbacks keep one Python thread state per thread (server/runtime/threadstate.py).
+
+pybind11 gives a thread Python does not know a new thread state for each call and deletes it after;
+in CPython 3.11 that is an mmap and a munmap per asynchronous inference, and each munmap interrupts
+every CPU of the process to flush its TLB. The tests count thread states through CPython's own ids:
+every state gets the next one, so a fresh thread's id after N callbacks says how many were made.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from ovserve.server.runtime import openvino as rt
+from ovserve.server.runtime import threadstate
+from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
+
+from . import models
+
+N = 200
+
+_get = ctypes.pythonapi.PyThreadState_Get
+_get.restype = ctypes.c_void_p
+_id = ctypes.pythonapi.PyThreadState_GetID
+_id.argtypes = [ctypes.c_void_p]
+_id.restype = ctypes.c_uint64
+
+
+def _state_id() -> int:
+    return int(_id(_get()))
+
+
+def _next_state_id() -> int:
+    """The id CPython gives the next thread state (one made here, by a new thread, counts too)."""
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(_state_id()))
+    t.start()
+    t.join()
+    return got[0]
+
+
+def _callbacks(keep: bool) -> tuple[int, int]:
+    """N asynchronous inferences of a real model whose callback runs on OpenVINO's thread: the thread
+    states made meanwhile, and how many callbacks found their thread's ``threading.local`` empty."""
+    compiled = ov.Core().compile_model(models.add_one(), "CPU")
+    request = compiled.create_infer_request()
+    local = threading.local()
+    fresh = [0]
+
+    def on_done(_: object) -> None:
+        if keep:
+            threadstate.keep()
+        if not hasattr(local, "seen"):
+            local.seen = True
+            fresh[0] += 1
+
+    request.set_callback(on_done, None)
+    x = np.ones((1, 16), np.float32)
+    before = _next_state_id()
+    for _ in range(N):
+        request.start_async({"x": x})
+        request.wait()
+    return _next_state_id() - before - 1, fresh[0]
+
+
+def test_without_it_every_callback_runs_on_a_new_thread_state() -> None:
+    """The premise: what pybind11 does with a thread Python does not know (if this fails, OpenVINO's
+    bindings keep states themselves and threadstate.keep has nothing left to do)."""
+    made, fresh = _callbacks(keep=False)
+    assert made >= N and fresh == N
+
+
+def test_a_callback_thread_keeps_one_thread_state() -> None:
+    made, fresh = _callbacks(keep=True)
+    assert made <= 2 and fresh <= 2  # one per thread OpenVINO calls back on
+
+
+@pytest.mark.parametrize("hint", ["LATENCY", "THROUGHPUT"])
+def test_the_runtimes_asynchronous_inferences_make_no_thread_state_each(tmp_path: Path, hint: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the engine itself: inferences awaited on the loop, their completions handed over by
+    OpenVINO's callbacks, make a thread state per callback thread, not per inference."""
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)  # never inline: every inference completes by callback
+    path = tmp_path / "model.xml"
+    ov.save_model(models.add_one(), str(path))
+    model = OpenVINOModel(path, LoadOptions(plugin_config={"PERFORMANCE_HINT": hint}, nireq=4))
+    model.load()
+    xs = [np.full((1, 16), i, np.float32) for i in range(N)]
+
+    async def main() -> None:
+        for x in xs[:4]:  # the callback threads exist and have been called once
+            await model.infer({"x": x})
+        before = _next_state_id()
+        for i in range(4, N, 4):
+            outs = await asyncio.gather(*(model.infer({"x": x}) for x in xs[i:i + 4]))
+            for x, out in zip(xs[i:i + 4], outs, strict=True):
+                np.testing.assert_array_equal(out["y"], x + 1)
+        made[0] = _next_state_id() - before - 1
+
+    made = [0]
+    asyncio.run(main())
+    assert made[0] <= 2, f"{made[0]} thread states made for {N - 4} inferences"
+    model.unload()
