@@ -9,8 +9,12 @@ shows how much of the time the streams spend waiting in that hand-off:
 1. It runs ``ovserve serve`` instrumented (``python -m bench.timeline --serve
    ARGS``: the real server, with :meth:`OpenVINOModel._settle` wrapped to
    record each inference's start, completion and settle times), loads it with
-   the bench's load generator over gRPC at the given concurrency, once per
-   ``--nireq`` value (0: the server's default, the device's optimal number);
+   the bench's load generator at the given concurrency over each of
+   ``--protocols`` (gRPC by default; ``rest-binary`` beside it shows what the
+   transport's hand-offs cost the streams), once per ``--nireq`` value (0: the
+   server's default, the device's optimal number); with ``--photo`` the
+   requests are the photo path's JPEG (:mod:`bench.photo`), which the server
+   decodes and resizes before inference;
 2. beside it, raw asynchronous OpenVINO at the same concurrency in this
    process, with the same properties;
 3. and prints for each: inferences per second in the window, **stream
@@ -38,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from . import models, specs
+from . import models, soak, specs
 from .loadgen import Case
 from .measure import ROOT, run_case
 from .servers import ServerProcess, ovserve_command
@@ -46,6 +50,7 @@ from .servers import ServerProcess, ovserve_command
 EVENTS_ENV = "OVSERVE_BENCH_TIMELINE"  # where the instrumented server writes its events, on exit
 STRETCH_S = 0.030  # the timeline printed for each run
 COLUMNS = 90
+SHOWN = {"grpc": "gRPC", "rest-binary": "REST binary"}  # --protocols, as the report names them
 
 
 # -- the instrumented server (a child process) --------------------------------------------------
@@ -132,7 +137,7 @@ def served(config: Path, case: Case, nireq: int, extra: list[str], tmp: Path) ->
                            env={EVENTS_ENV: str(out), "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     try:
         server.wait_ready([case.model])
-        case.port = server.grpc_port
+        case.port = server.grpc_port if case.kind == "grpc" else server.rest_port
         row = run_case(case, "ovserve", server.pid, log=lambda m: None)
         if row.errors:
             raise RuntimeError(f"the load had errors: {row.first_error}")
@@ -175,6 +180,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.timeline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mobilenet_v2", choices=["mobilenet_v2", "resnetish", "add"])
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--protocols", default="grpc", help="comma-separated: grpc, rest-binary")
+    p.add_argument("--photo", action="store_true", help="send the photo path's JPEG instead of a tensor")
     p.add_argument("--nireq", default="0,4", help="comma-separated --nireq values for the server (0: its default)")
     p.add_argument("--seconds", type=float, default=5.0, help="seconds of load per run (after 1 s of warm-up)")
     p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG")
@@ -188,7 +195,13 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     spec = specs.spec_of(args.model)
     props = " ".join(f"{k}={v}" for k, v in spec.plugin_config.items())
-    lines = [f"# Stream timeline: {args.model} ({props}), gRPC at concurrency {args.concurrency}", ""]
+    protocols = [p for p in args.protocols.split(",") if p]
+    if not protocols or set(protocols) - set(SHOWN):
+        print(f"--protocols: choose from {', '.join(SHOWN)}", file=sys.stderr)
+        return 2
+    what = "a JPEG per request (the photo path)" if args.photo else "tensors"
+    title = f"# Stream timeline: {args.model} ({props}), {', '.join(protocols)} at concurrency {args.concurrency}"
+    lines = [f"{title}, {what}", ""]
     with tempfile.TemporaryDirectory(prefix="ovserve-bench-timeline-") as name:
         tmp = Path(name)
         paths = models.build_repository(tmp / "repo", mobilenet=args.model == "mobilenet_v2")
@@ -199,11 +212,11 @@ def main(argv: list[str]) -> int:
         events, streams = raw_async(paths[args.model], spec.plugin_config, spec.sample(), args.concurrency,
                                     args.seconds + 1.0)
         results = [analyse(f"raw async OpenVINO, {args.concurrency} requests", events, streams)]
-        for nireq in (int(n) for n in args.nireq.split(",") if n):
-            case = Case("grpc", args.model, args.concurrency, args.seconds, 1.0)
+        image = str(soak.test_image(tmp)[0]) if args.photo else ""
+        for protocol, nireq in itertools.product(protocols, (int(n) for n in args.nireq.split(",") if n)):
+            case = Case(protocol, args.model, args.concurrency, args.seconds, 1.0, image=image)
             got = served(config, case, nireq, list(args.ovserve_arg), tmp)
-            label = f"ovserve gRPC, nireq {nireq or 'default'}"
-            results.append(analyse(label, got, streams))
+            results.append(analyse(f"ovserve {SHOWN[protocol]}, nireq {nireq or 'default'}", got, streams))
     lines += [(f"{streams} streams; timelines: a {STRETCH_S * 1e3:.0f} ms stretch from the middle of each "
                "window, # in OpenVINO, . waiting"), ""]
     for t in results:

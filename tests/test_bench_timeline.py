@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.timeline import analyse
+from bench.timeline import analyse, main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,11 +38,43 @@ def test_the_command_runs_raw_and_served(tmp_path: Path) -> None:
     out = tmp_path / "timeline.md"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.timeline", "--model", "resnetish", "--concurrency", "2", "--seconds", "2.5",
-         "--nireq", "0,1", "--out", str(out)],
+         "--nireq", "0,1", "--protocols", "grpc,rest-binary", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=540, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
-    for label in ("raw async OpenVINO, 2 requests:", "ovserve gRPC, nireq default:", "ovserve gRPC, nireq 1:"):
+    for label in ("raw async OpenVINO, 2 requests:", "ovserve gRPC, nireq default:", "ovserve gRPC, nireq 1:",
+                  "ovserve REST binary, nireq default:", "ovserve REST binary, nireq 1:"):
         line = next((ln for ln in text.splitlines() if ln.startswith(label)), "")
         assert line and " 0 infer/s" not in line, text
     assert "request 1" in text  # the default (twice the optimal number) ran two infer requests
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_photo_path_is_timed_through_both_transports(tmp_path: Path) -> None:
+    """``--photo``: each request a JPEG the server decodes and resizes for the real MobileNetV2 classifier."""
+    pytest.importorskip("cv2")
+    from ovserve.server.zoo import fetch
+    from ovserve.server.zoo.mobilenet_v2 import default_weights
+
+    try:
+        default_weights()
+    except fetch.FetchError as exc:
+        pytest.skip(f"the MobileNetV2 weights cannot be had here: {exc}")
+    out = tmp_path / "timeline.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.timeline", "--model", "mobilenet_v2", "--photo", "--concurrency", "2",
+         "--seconds", "2.5", "--nireq", "0", "--protocols", "grpc,rest-binary", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=540, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = out.read_text()
+    assert "a JPEG per request (the photo path)" in text.splitlines()[0], text
+    for label in ("ovserve gRPC, nireq default:", "ovserve REST binary, nireq default:"):
+        line = next((ln for ln in text.splitlines() if ln.startswith(label)), "")
+        assert line and " 0 infer/s" not in line, text
+
+
+def test_an_unknown_protocol_is_refused_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--protocols", "grpc,rest-json"]) == 2
+    assert "grpc, rest-binary" in capsys.readouterr().err
