@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import threading
+import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,22 @@ _get.restype = ctypes.c_void_p
 _id = ctypes.pythonapi.PyThreadState_GetID
 _id.argtypes = [ctypes.c_void_p]
 _id.restype = ctypes.c_uint64
+
+
+_interp = ctypes.pythonapi.PyInterpreterState_Get
+_interp.restype = ctypes.c_void_p
+_head = ctypes.pythonapi.PyInterpreterState_ThreadHead
+_head.argtypes, _head.restype = [ctypes.c_void_p], ctypes.c_void_p
+_next = ctypes.pythonapi.PyThreadState_Next
+_next.argtypes, _next.restype = [ctypes.c_void_p], ctypes.c_void_p
+
+
+def _states_alive() -> int:
+    """The interpreter's thread states, in use or kept."""
+    n, state = 0, _head(_interp())
+    while state:
+        n, state = n + 1, _next(state)
+    return n
 
 
 def _state_id() -> int:
@@ -106,3 +125,73 @@ def test_the_runtimes_asynchronous_inferences_make_no_thread_state_each(tmp_path
     asyncio.run(main())
     assert made[0] <= 2, f"{made[0]} thread states made for {N - 4} inferences"
     model.unload()
+
+
+def _in_threads_python_does_not_know(fn: object, n: int) -> None:
+    """Run ``fn`` in ``n`` threads started by the C library one after the other, each ended before the next
+    (a ctypes callback on such a thread gets a thread state for the call, as pybind11's do)."""
+    libc = ctypes.CDLL(None)
+    start = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+
+    def body(_: object) -> None:
+        fn()  # type: ignore[operator]
+
+    entry = start(body)
+    for _ in range(n):
+        tid = ctypes.c_ulong()
+        assert libc.pthread_create(ctypes.byref(tid), None, entry, None) == 0
+        assert libc.pthread_join(tid, None) == 0  # ctypes lets the GIL go meanwhile
+
+
+def test_the_states_of_threads_that_have_ended_are_deleted() -> None:
+    """A kept state outlives its thread: the next thread kept deletes the states of those that ended."""
+    ids: list[int] = []
+
+    def callback() -> None:
+        threadstate.keep()
+        ids.append(threading.get_native_id())
+
+    _in_threads_python_does_not_know(callback, 1)
+    alive, kept = _states_alive(), threadstate.kept()  # the first one's state, kept though its thread ended
+    _in_threads_python_does_not_know(callback, 6)
+    assert len(ids) == 7
+    assert _states_alive() == alive and threadstate.kept() == kept  # each new one dropped the one before
+
+
+def test_models_loaded_and_unloaded_again_and_again_leave_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unloaded, a model that ran asynchronous inferences is freed with its OpenVINO threads; the thread
+    states kept for its callback threads do not pile up either."""
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)
+    path = tmp_path / "model.xml"
+    ov.save_model(models.add_one(), str(path))
+    x = np.ones((1, 16), np.float32)
+    gone: list[weakref.ref[OpenVINOModel]] = []
+
+    async def cycle() -> None:
+        model = OpenVINOModel(path, LoadOptions(plugin_config={"PERFORMANCE_HINT": "THROUGHPUT"}, nireq=2))
+        model.load()
+        for _ in range(3):
+            np.testing.assert_array_equal((await model.infer({"x": x}))["y"], x + 1)
+        model.unload()
+        gone.append(weakref.ref(model))
+
+    for _ in range(3):
+        asyncio.run(cycle())
+    gc.collect()
+    threads, states = threading.active_count(), _states_alive()
+    tasks = len(list(Path("/proc/self/task").iterdir()))
+    for _ in range(12):
+        asyncio.run(cycle())
+
+    def settled() -> bool:  # OpenVINO lets go of the last callback, and its threads end, a moment later
+        gc.collect()
+        return all(ref() is None for ref in gone) and len(list(Path("/proc/self/task").iterdir())) <= tasks + 3
+
+    deadline = time.monotonic() + 10
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(ref() is None for ref in gone), "an unloaded model is still alive"
+    # a model kept alive took three threads of its own: twelve of them would be 36 more
+    assert len(list(Path("/proc/self/task").iterdir())) <= tasks + 3
+    assert threading.active_count() <= threads + 2 and _states_alive() <= states + 2

@@ -254,6 +254,20 @@ class _Slot:
         self.read: Sequence[PortInfo] | None = None
 
 
+def _no_callback(_: object) -> None:
+    """What a retired infer request calls back (see :func:`_retire`)."""
+
+
+def _retire(request: ov.InferRequest) -> None:
+    """Drop what a no longer used, idle infer request holds of ours: its completion callback (the model's
+    :class:`_Completions`, which reaches the model) and the callback's userdata (the slot, which holds the
+    request). OpenVINO keeps both in C++, where Python's garbage collector cannot see them, so the cycle
+    request -> slot -> request is never collected: the request, its compiled model, the model's threads and
+    its memory stayed alive for good after an unload or a recompile (resnetish loaded and unloaded: +3
+    threads and +8 MiB each time)."""
+    request.set_callback(_no_callback, None)
+
+
 class _Completions:
     """OpenVINO's completion callbacks -> the event loop, with one wake-up per burst.
 
@@ -453,6 +467,9 @@ class OpenVINOModel:
         if self._recompiling is not None:
             self._recompiling.cancel()
             self._recompiling = None
+        for slot in self._slots:
+            if slot.future is None:  # idle: retired now; a running one when it comes back (release)
+                _retire(slot.request)
         self._slots = []
         self._idle.clear()
         self._compiled = None
@@ -746,6 +763,7 @@ class OpenVINOModel:
     def _renew(self, slot: _Slot) -> None:
         """Give ``slot`` a fresh infer request of the current compiled model."""
         assert self._compiled is not None
+        _retire(slot.request)
         slot.request = self._compiled.create_infer_request()
         slot.generation = self._generation
         if self._completions is not None:
@@ -802,6 +820,7 @@ class OpenVINOModel:
 
     def release(self, slot: _Slot) -> None:
         if slot not in self._slots:  # unloaded meanwhile
+            _retire(slot.request)
             return
         if slot.generation != self._generation:  # it ran on a compiled model since replaced
             self._renew(slot)

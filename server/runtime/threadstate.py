@@ -15,29 +15,70 @@ per inference against 31 with the state kept.
 :func:`keep`, called first in a callback, takes one more reference to the
 thread's state (``PyGILState_Ensure``, never released), so pybind11's release
 after the call no longer drops it to zero: the thread keeps one state, its
-frame stack and its ``threading.local`` values for as long as it lives. The
-few threads OpenVINO calls back on live as long as their compiled model.
+frame stack and its ``threading.local`` values for as long as it lives.
+
+A kept state outlives its thread, and OpenVINO's callback threads come and go
+as compiled models do (now and then a new one after a model is unloaded or
+recompiled). So each time :func:`keep` meets a thread it has not kept yet, it
+first deletes the kept states of the threads that have exited since
+(``PyThreadState_Clear`` and ``PyThreadState_Delete``, the GIL held, on
+states no thread can use again): the states alive are at most one per
+callback thread alive.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 _kept = threading.local()  # per thread state: set once the state is kept
 
 
-def _ensure() -> Callable[[], int] | None:
+@dataclass(frozen=True)
+class _CApi:
+    ensure: Callable[[], int]  # PyGILState_Ensure
+    current: Callable[[], int | None]  # PyThreadState_Get
+    clear: Callable[[Any], None]  # PyThreadState_Clear
+    delete: Callable[[Any], None]  # PyThreadState_Delete
+
+
+def _c_api() -> _CApi | None:
     try:
-        fn = ctypes.pythonapi.PyGILState_Ensure
+        api = ctypes.pythonapi
+        ensure, current, clear, delete = (api.PyGILState_Ensure, api.PyThreadState_Get, api.PyThreadState_Clear,
+                                          api.PyThreadState_Delete)
     except (AttributeError, OSError):  # an interpreter that does not export its C API
         return None
-    fn.argtypes = []
-    fn.restype = ctypes.c_int
-    return fn
+    ensure.argtypes, ensure.restype = [], ctypes.c_int
+    current.argtypes, current.restype = [], ctypes.c_void_p
+    clear.argtypes, clear.restype = [ctypes.c_void_p], None
+    delete.argtypes, delete.restype = [ctypes.c_void_p], None
+    return _CApi(ensure, current, clear, delete)
 
 
-_ENSURE = _ensure()
+_API = _c_api()
+#: the states kept (their address) -> the native id of their thread; changed with the GIL held
+_states: dict[int, int] = {}
+#: without /proc no thread is known to have exited, and no state is ever dropped
+_TASKS = "/proc/self/task"
+_CAN_TELL = os.path.isdir(_TASKS)
+
+
+def _alive(tid: int) -> bool:
+    return not _CAN_TELL or os.path.exists(f"{_TASKS}/{tid}")
+
+
+def _drop_exited(api: _CApi) -> None:
+    """Delete the kept states of threads that have exited (their id gone from /proc/self/task). A thread id
+    the system has given to a new thread since reads as alive: that state stays, never one in use."""
+    for state, tid in list(_states.items()):
+        if not _alive(tid):
+            del _states[state]
+            api.clear(state)
+            api.delete(state)
 
 
 def keep() -> None:
@@ -45,6 +86,16 @@ def keep() -> None:
     Python code). Costs a lookup once the state is kept."""
     if getattr(_kept, "done", False):
         return
-    if _ENSURE is not None:
-        _ENSURE()  # the GIL is held by this thread already: this only counts one more reference
+    api = _API
+    if api is not None:
+        _drop_exited(api)
+        api.ensure()  # the GIL is held by this thread already: this only counts one more reference
+        state = api.current()
+        if state:
+            _states[state] = threading.get_native_id()
     _kept.done = True
+
+
+def kept() -> int:
+    """How many thread states are kept (for the tests)."""
+    return len(_states)
