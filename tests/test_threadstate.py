@@ -4,6 +4,8 @@ pybind11 gives a thread Python does not know a new thread state for each call an
 in CPython 3.11 that is an mmap and a munmap per asynchronous inference, and each munmap interrupts
 every CPU of the process to flush its TLB. The tests count thread states through CPython's own ids:
 every state gets the next one, so a fresh thread's id after N callbacks says how many were made.
+The kept states of threads that have ended are deleted, and a model unloaded is freed with its threads
+(its requests' callbacks, held by OpenVINO in C++, no longer keep it alive).
 """
 from __future__ import annotations
 
