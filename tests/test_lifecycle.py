@@ -803,7 +803,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path, start_server) -> None
     grace = 20
     server = start_server("--model-repository", tmp_path / "repo", "--nireq", "1", "--poll-interval", "0",
                           "--grace-period", str(grace), *EXACT)
-    x = np.random.default_rng(5).standard_normal((1024, SLOW_K)).astype(np.float32)  # ~0.6 s each
+    x = np.random.default_rng(5).standard_normal((512, SLOW_K)).astype(np.float32)  # ~1.5 s each, one stream
     expected = slow_expected(x, 4)
     results: dict[str, Any] = {}
     client = tgrpc.InferenceServerClient(server.grpc_target)
