@@ -148,7 +148,7 @@ class Bench:
                   f"idle RSS with {', '.join(self.names)} loaded {self.idle_all[server.name]:.0f} MiB", flush=True)
             for name in self.names:
                 for protocol in protocols:
-                    port = server.grpc_port if protocol == "grpc" else server.rest_port
+                    port = server.port_for(protocol)
                     for c in self.concurrency:
                         self.measure(self.case(protocol, name, c, port=port), server.name, server.proc.pid)
             if server.proc.poll() is not None:
@@ -166,7 +166,7 @@ class Bench:
             print(f"{server.name}: {' '.join(flags)}", flush=True)
             for name in names:
                 for protocol in self.protocols:
-                    port = server.grpc_port if protocol == "grpc" else server.rest_port
+                    port = server.port_for(protocol)
                     self.measure(self.case(protocol, name, c, port=port), server.name, server.proc.pid)
 
 

@@ -143,7 +143,7 @@ class Runner:
                      f"{MARK!r} lines: {'; '.join(said) or '-'}")
             for c in a.concurrency:
                 for protocol in a.protocols:
-                    port = server.grpc_port if protocol == "grpc" else server.rest_port
+                    port = server.port_for(protocol)
                     self.measure(Case(protocol, model, c, a.duration, a.warmup, port=port), config, server.pid)
             if not server.alive():
                 raise RuntimeError(f"ovserve ({config}) died during the run:\n{server.log}")

@@ -180,7 +180,7 @@ def served_round(config: Path, spec: specs.ModelSpec, model_path: Path, protocol
     with servers.start_ovserve(config, extra) as server:
         server.wait_ready([spec.name])
         for protocol in protocols:
-            port = server.grpc_port if protocol == "grpc" else server.rest_port
+            port = server.port_for(protocol)
             case = loadgen.Case(protocol, spec.name, concurrency, seconds, 1.0, port=port, model_path=str(model_path),
                                 plugin_config=spec.plugin_config)
             row = run_case(case, "ovserve", server.pid, log=lambda *_: None)

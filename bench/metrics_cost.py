@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
                     idle[mode].append(server.rss_bytes() / 2**20)
                     answered = 0
                     for protocol in protocols:
-                        port = server.grpc_port if protocol == "grpc" else server.rest_port
+                        port = server.port_for(protocol)
                         row = run_case(Case(protocol, "add", args.concurrency, args.duration, args.warmup, port=port),
                                        server.name, server.proc.pid)
                         if row.errors:

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.output or Path(tmp) / "profile.txt")
         with servers.start_ovserve(config, args.ovserve_arg) as server:
             server.wait_ready([args.model])
-            port = server.grpc_port if args.protocol == "grpc" else server.rest_port
+            port = server.port_for(args.protocol)
             case = Case(args.protocol, args.model, args.concurrency, args.seconds + 1.0, 1.0, port=port)
             result = _load_with_profile(case, server.proc.pid, args, out)
         stacks = collapsed(out)

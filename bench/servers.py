@@ -66,6 +66,10 @@ class ServerProcess(Child):
     def grpc_port(self) -> int:
         return self.ports.grpc
 
+    def port_for(self, kind: str) -> int:
+        """The port a load generator case of ``kind`` talks to: gRPC's for ``grpc``, REST's otherwise."""
+        return self.grpc_port if kind == "grpc" else self.rest_port
+
     def wait_ready(self, models: list[str], timeout: float = 180) -> ServerProcess:
         """Until its ports are known and every model in ``models`` answers ready."""
         return self.wait_ok([f"/v2/models/{m}/ready" for m in models], timeout)

@@ -379,7 +379,7 @@ def drive(args: argparse.Namespace, server: servers.ServerProcess, streams: list
     """Start every stream's load generator, open all windows together, sample the server; the figures."""
     gens = []
     for s in streams:
-        port = server.grpc_port if s.kind == "grpc" else server.rest_port
+        port = server.port_for(s.kind)
         case = Case(s.kind, s.model, s.concurrency, args.duration, port=port, timeout=args.timeout,
                     max_requests=args.max_requests, image=str(image) if s.image else "", sync=True,
                     window=args.window)

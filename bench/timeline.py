@@ -137,7 +137,7 @@ def served(config: Path, case: Case, nireq: int, extra: list[str], tmp: Path) ->
                            env={EVENTS_ENV: str(out), "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     try:
         server.wait_ready([case.model])
-        case.port = server.grpc_port if case.kind == "grpc" else server.rest_port
+        case.port = server.port_for(case.kind)
         row = run_case(case, "ovserve", server.pid, log=lambda m: None)
         if row.errors:
             raise RuntimeError(f"the load had errors: {row.first_error}")
