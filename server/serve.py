@@ -65,8 +65,7 @@ def build(settings: Settings) -> Server:
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)],
-                                       settings.max_request_bytes, settings.grpc_engine, gate),
-                          settings.grpc_port))
+                                       settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
     # TorchServe's two gRPC APIs, each on a listener of its own (as TorchServe serves them)
     if settings.ts_inference_port is not None:
         listeners.append((GrpcListener("ts-inference", "TorchServe gRPC inference", [ts_inference.service(dataplane)],
