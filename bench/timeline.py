@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from . import models, soak, specs
+from . import models, photo, soak, specs
 from .loadgen import Case
 from .measure import ROOT, run_case
 from .servers import ServerProcess, ovserve_command
@@ -198,6 +198,9 @@ def main(argv: list[str]) -> int:
     protocols = [p for p in args.protocols.split(",") if p]
     if not protocols or set(protocols) - set(SHOWN):
         print(f"--protocols: choose from {', '.join(SHOWN)}", file=sys.stderr)
+        return 2
+    if args.photo and args.model != photo.MODEL:
+        print(f"--photo sends a JPEG, which only {photo.MODEL} (the classifier) decodes", file=sys.stderr)
         return 2
     what = "a JPEG per request (the photo path)" if args.photo else "tensors"
     title = f"# Stream timeline: {args.model} ({props}), {', '.join(protocols)} at concurrency {args.concurrency}"

@@ -78,3 +78,8 @@ def test_the_photo_path_is_timed_through_both_transports(tmp_path: Path) -> None
 def test_an_unknown_protocol_is_refused_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--protocols", "grpc,rest-json"]) == 2
     assert "grpc, rest-binary" in capsys.readouterr().err
+
+
+def test_the_photo_path_on_a_model_that_takes_no_image_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "resnetish", "--photo"]) == 2
+    assert "only mobilenet_v2" in capsys.readouterr().err
