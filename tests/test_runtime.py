@@ -7,9 +7,11 @@ and send concurrent requests with tritonclient.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -511,6 +513,40 @@ def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
     refusals = [r for r in caplog.records if "cannot compute inputs" in r.getMessage()]
     assert len(refusals) == 5 + 6  # one line per failed request
     assert model.cost is not None and model.cost > 1e-6 or inline_below == 0.0  # failures are not measured
+
+
+def test_an_inference_that_fails_after_its_model_was_unloaded_is_answered_and_lets_the_model_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repository drains a version before unloading it, so an inference still running at unload is one
+    whose caller went away or waits on regardless. OpenVINO calls no completion callback when it fails: the
+    failure watch must go on looking at it after the unload, answer its caller, and retire its infer request.
+    It used to stop at unload: the caller waited for good, and the infer request (whose callback's userdata
+    holds it in a cycle the garbage collector cannot see) kept the model, its compiled model and its OpenVINO
+    threads alive."""
+    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)
+    model = _load(tmp_path, models.two_in_two_out(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": 2})
+    assert model.shape_check is None  # the failure is OpenVINO's own, asynchronous
+
+    async def main() -> None:
+        caller = asyncio.ensure_future(model.infer(_pair_inputs(2, 3, 1)))
+        for _ in range(100):  # until the inference has been started on an infer request
+            if any(slot.future is not None for slot in model._slots):
+                break
+            await asyncio.sleep(0)
+        assert any(slot.future is not None for slot in model._slots)
+        model.unload()
+        with pytest.raises(InvalidInput, match=r"cannot compute inputs of these shapes"):
+            await asyncio.wait_for(caller, 10)
+        assert model._watch is None  # nothing left running: no timer left behind
+
+    asyncio.run(main())
+    gone = weakref.ref(model)
+    del model
+    deadline = time.monotonic() + 10
+    while gone() is not None and time.monotonic() < deadline:  # OpenVINO lets go of it a moment later
+        gc.collect()
+        time.sleep(0.02)
+    assert gone() is None, "the unloaded model is still alive"
 
 
 def test_a_failure_that_is_not_the_inputs_fault_is_an_internal_error() -> None:

@@ -322,6 +322,9 @@ class OpenVINOModel:
         self.outputs: list[PortInfo] = []
         self._compiled: ov.CompiledModel | None = None
         self._slots: list[_Slot] = []
+        #: slots still running an inference when the model was unloaded: the failure watch looks at them
+        #: until they come back (completed or failed), and each is retired then
+        self._unloaded: list[_Slot] = []
         self._idle: deque[_Slot] = deque()
         self._waiters: deque[asyncio.Future[_Slot]] = deque()
         self._completions: _Completions | None = None
@@ -461,15 +464,17 @@ class OpenVINOModel:
         return PortInfo(name, datatype, _dims(port.get_partial_shape(), f"{kind} {name}"), index, layout)
 
     def unload(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
         if self._recompiling is not None:
             self._recompiling.cancel()
             self._recompiling = None
         for slot in self._slots:
             if slot.future is None:  # idle: retired now; a running one when it comes back (release)
                 _retire(slot.request)
+            else:  # still watched: OpenVINO calls no callback if it fails (see _sweep)
+                self._unloaded.append(slot)
+        if not self._unloaded and self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         self._slots = []
         self._idle.clear()
         self._compiled = None
@@ -682,7 +687,7 @@ class OpenVINOModel:
         loop = asyncio.get_running_loop()
         now = loop.time()
         soonest = float("inf")
-        for slot in self._slots:
+        for slot in (*self._slots, *self._unloaded):
             if slot.future is None:
                 continue
             if slot.check_at <= now:
@@ -704,7 +709,7 @@ class OpenVINOModel:
                     log.error("%s: an inference has been running for %.0f s; the model reports not ready "
                               "until it ends", self.path, age)
             soonest = min(soonest, slot.check_at)
-        if soonest != float("inf") and self._compiled is not None:
+        if soonest != float("inf"):
             self._watch = loop.call_at(soonest, self._sweep)
             self._watch_due = soonest
 
@@ -820,6 +825,8 @@ class OpenVINOModel:
 
     def release(self, slot: _Slot) -> None:
         if slot not in self._slots:  # unloaded meanwhile
+            if slot in self._unloaded:
+                self._unloaded.remove(slot)
             _retire(slot.request)
             return
         if slot.generation != self._generation:  # it ran on a compiled model since replaced
