@@ -1,9 +1,9 @@
-"""Both gRPC engines serve the same protocol: ``auto`` (the default: pygrpc-native on a listener
-without TLS), and ``grpcio`` (grpc.aio).
+"""Every gRPC engine serves the same protocol: ``auto`` (the default: pygrpc-native on a listener
+without TLS), ``grpcio`` (grpc.aio) and ``loop`` (HTTP/2 on the event loop).
 
 The gRPC protocol tests of the other modules run on the default engine; here they run again, in a
-child pytest, with ``OVSERVE_GRPC_ENGINE=grpcio`` in the environment every server they start
-inherits. The tests here check that the variable really switches the engine, what ``auto`` picks
+child pytest per engine, with ``OVSERVE_GRPC_ENGINE=grpcio`` (or ``loop``) in the environment every
+server they start inherits. The tests here check that the variable really switches the engine, what ``auto`` picks
 and says, and what a user sees when the package is missing. tests/test_grpc_stress.py holds the
 evidence under load (SIGTERM, cancellations, connections, streams, limits) for both engines.
 """
@@ -57,12 +57,13 @@ def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_grpc_protocol_tests_pass_on_the_grpcio_engine() -> None:
+@pytest.mark.parametrize("engine", ["grpcio", "loop"])
+def test_grpc_protocol_tests_pass_on_the_other_engines(engine: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "grpc or sigterm",
          *[str(ROOT / "tests" / m) for m in GRPC_MODULES]],
         cwd=ROOT, capture_output=True, text=True, timeout=540, check=False,
-        env={**os.environ, "OVSERVE_GRPC_ENGINE": "grpcio"},
+        env={**os.environ, "OVSERVE_GRPC_ENGINE": engine},
     )
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

@@ -36,7 +36,7 @@ from .inflight import Uploads
 from .models import SLOW_K, put_version, slow, slow_expected
 from .servers import EXACT, ServerProcess
 
-ENGINES = ["grpcio", "native"]
+ENGINES = ["grpcio", "native", "loop"]
 #: one connection per channel, so that closing a channel closes its connection (grpcio's channels
 #: otherwise share subchannels, and connections, process-wide); replies of any size
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1)]

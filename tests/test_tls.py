@@ -230,13 +230,16 @@ def test_metrics_tls_off_lets_prometheus_scrape_in_plain_text(repo: Path, certs:
 
 
 # -- the engine without TLS, and what cannot start -----------------------------------------------------
-def test_native_grpc_engine_is_refused_with_tls_in_one_line(repo: Path, certs: Certs) -> None:
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--grpc-engine", "native",
+@pytest.mark.parametrize(("engine", "named"), [("native", "the native gRPC engine (pygrpc-native "),
+                                                ("loop", "the loop gRPC engine (HTTP/2 on the event loop)")])
+def test_an_engine_without_tls_is_refused_with_tls_in_one_line(repo: Path, certs: Certs, engine: str,
+                                                                named: str) -> None:
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--grpc-engine", engine,
                           *tls_flags(certs, client_ca=False)])
     assert proc.wait_exit(60) == 1
     errors = [line for line in proc.lines if " ERROR " in line]
     assert len(errors) == 1, proc.log
-    assert "cannot start: grpc: the native gRPC engine (pygrpc-native " in errors[0]
+    assert f"cannot start: grpc: {named}" in errors[0]
     assert "serves no TLS; use --grpc-engine grpcio, or --grpc-tls off" in errors[0]
 
 

@@ -6,6 +6,9 @@ The engine is chosen here (``--grpc-engine``; docs/performance.md "Server CPU pe
   TLS or where pygrpc-native is not installed; decided per listener once its TLS
   is known (at bind), and logged with the reason;
 - ``grpcio``: ``grpc.aio``, gRPC's own C-core server;
+- ``loop``: ovserve's own HTTP/2 on the event loop (:mod:`.loop`): the frames are read and
+  written where the handlers run, as uvicorn does for REST, with no I/O or dispatch thread
+  between the socket and the call; every method shape; no TLS;
 - ``native``: ``pygrpc_native.aio``, a drop-in ``grpc.aio`` server whose HTTP/2
   and per-call work runs in Rust outside the GIL. Unary and server-streaming
   methods are served by it; bidirectional streams and reflection go to a
@@ -130,9 +133,9 @@ def choose_engine(asked: str, tls: bool) -> tuple[str, str]:
 
 
 def make_server(engine: str, options: list[tuple[str, Any]],
-                io_threads: int = NATIVE_IO_THREADS_MAX) -> grpc.aio.Server:
-    """A grpc.aio-compatible server of the chosen engine (``grpcio`` or ``native``, on ``io_threads``
-    I/O threads)."""
+                io_threads: int = NATIVE_IO_THREADS_MAX) -> Any:
+    """A grpc.aio-compatible server of the chosen engine (``grpcio``, ``loop``, or ``native`` on
+    ``io_threads`` I/O threads)."""
     if engine == "grpcio":
         return grpc.aio.server(options=options)
     if engine == "native":
@@ -143,6 +146,10 @@ def make_server(engine: str, options: list[tuple[str, Any]],
                 "--grpc-engine native needs the pygrpc-native package: pip install pygrpc-native"
             ) from exc
         return pygrpc_native.aio.Server(options=options, io_threads=io_threads)
+    if engine == "loop":
+        from .loop import LoopServer  # imported only where served
+
+        return LoopServer(options)
     raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
 
 
@@ -207,6 +214,8 @@ class GrpcListener:
 
     def describe(self) -> str:
         package = GRPC_ENGINES[self.engine]
+        if self.engine == "loop":
+            return f"loop (HTTP/2 on the event loop; {package} {version(package)})"
         if self.engine != "native":
             return f"{self.engine} ({package} {version(package)})"
         threads = f"{self.io_threads} I/O thread{'s' if self.io_threads > 1 else ''}"
@@ -220,9 +229,10 @@ class GrpcListener:
         try:
             bound: int = (self.server.add_secure_port(address, server_credentials(tls)) if tls is not None
                           else self.server.add_insecure_port(address))
-        except NotImplementedError:  # an engine without TLS (pygrpc-native 0.5)
+        except NotImplementedError:  # an engine without TLS (pygrpc-native 0.5, loop)
             package = GRPC_ENGINES[self.engine]
-            raise InvalidInput(f"{self.name}: the {self.engine} gRPC engine ({package} {version(package)}) serves "
+            what = "HTTP/2 on the event loop" if self.engine == "loop" else f"{package} {version(package)}"
+            raise InvalidInput(f"{self.name}: the {self.engine} gRPC engine ({what}) serves "
                                f"no TLS; use --grpc-engine grpcio, or --{self.name}-tls off") from None
         except RuntimeError:  # both engines raise it for an address in use (grpcio may also return 0)
             bound = 0
