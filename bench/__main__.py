@@ -49,9 +49,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "highest concurrency, max_batch_size = that concurrency); 0 skips them")
     p.add_argument("--grpc-engines", default=None, metavar="LIST",
                    help="comma-separated gRPC engines of ovserve to measure: grpcio (the ovserve rows, every "
-                        "protocol, `--grpc-engine grpcio`) and native (ovserve-native rows: gRPC only, "
-                        "`--grpc-engine native`, what the default `auto` serves without TLS); "
-                        "default: both when pygrpc-native is installed")
+                        "protocol, `--grpc-engine grpcio`), native (ovserve-native rows: gRPC only, "
+                        "`--grpc-engine native`, what the default `auto` serves without TLS) and loop "
+                        "(ovserve-loop rows: gRPC only, `--grpc-engine loop`); "
+                        "default: all three (native where pygrpc-native is installed)")
     p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `ovserve serve` (repeatable)")
     p.add_argument("--wait-quiet", type=float, default=120, metavar="SECONDS",
@@ -75,7 +76,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.grpc_engines is None:
         import importlib.util
 
-        args.grpc_engines = "grpcio,native" if importlib.util.find_spec("pygrpc_native") else "grpcio"
+        args.grpc_engines = "grpcio,native,loop" if importlib.util.find_spec("pygrpc_native") else "grpcio,loop"
     args.grpc_engines = [e for e in args.grpc_engines.split(",") if e]
     if args.out is None and not args.smoke:  # a smoke run's seconds-long numbers are no result to keep
         args.out = RESULTS
@@ -207,13 +208,15 @@ def main(argv: list[str]) -> int:
             bench.raw()
         if not args.no_ovserve and "grpcio" in args.grpc_engines:
             bench.served(ovserve)
-        if not args.no_ovserve and "native" in args.grpc_engines:
+        for engine in ("native", "loop"):  # the other engines' gRPC rows, under their report labels
+            if args.no_ovserve or engine not in args.grpc_engines:
+                continue
 
-            def ovserve_native(names: list[str]) -> servers.ServerProcess:
-                return servers.start_ovserve(ovserve_config(names), [*args.ovserve_arg, "--grpc-engine", "native"],
-                                             name="ovserve-native")
+            def ovserve_on(names: list[str], engine: str = engine) -> servers.ServerProcess:
+                return servers.start_ovserve(ovserve_config(names), [*args.ovserve_arg, "--grpc-engine", engine],
+                                             name=report.GRPC_ENGINES[engine])
 
-            bench.served(ovserve_native, ["grpc"])
+            bench.served(ovserve_on, ["grpc"])
         if not args.no_ovserve:
 
             def ovserve_batch(names: list[str], flags: list[str]) -> servers.ServerProcess:

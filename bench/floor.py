@@ -192,6 +192,12 @@ def served_round(config: Path, spec: specs.ModelSpec, model_path: Path, protocol
     return out
 
 
+def ratio_text(value: float, goal: float) -> str:
+    """``value`` to two decimals, or three where two would read on the other side of ``goal`` (0.897 against
+    0.9 is not met, and "0.90 ... not met" reads as a contradiction)."""
+    return f"{value:.2f}" if (round(value, 2) >= goal) == (value >= goal) else f"{value:.3f}"
+
+
 def report_served(protocols: list[str], alone: list[float], beside: list[Beside], served: list[Served],
                   of_ceiling: float, of_raw: float, say: Callable[[str], None] = print) -> None:
     """Each protocol's median throughput and its paired ratios to the same round's ceiling and raw alone."""
@@ -204,7 +210,8 @@ def report_served(protocols: list[str], alone: list[float], beside: list[Beside]
         cpu = float(np.median([s.cpu_pct[protocol] for s in served]))
         met = x_ceiling >= of_ceiling and x_raw >= of_raw
         say(f"    {protocol:12} {np.median(runs):4.0f}/s (runs: {', '.join(f'{v:.0f}' for v in runs)}; server CPU "
-            f"{cpu:.0f}%) = {x_ceiling:.2f} x the ceiling, {x_raw:.2f} x raw alone: {'met' if met else 'not met'}")
+            f"{cpu:.0f}%) = {ratio_text(x_ceiling, of_ceiling)} x the ceiling, {ratio_text(x_raw, of_raw)} x raw "
+            f"alone: {'met' if met else 'not met'}")
 
 
 def main(argv: list[str]) -> int:

@@ -19,9 +19,9 @@ from pathlib import Path
 from .measure import Row
 
 PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
-SERVERS = ("raw", "ovserve", "ovserve-native", "ovserve-batch", "kserve")
+SERVERS = ("raw", "ovserve", "ovserve-native", "ovserve-loop", "ovserve-batch", "kserve")
 #: ovserve's gRPC engines: the server label whose rows each one's gRPC targets are read from.
-GRPC_ENGINES = {"grpcio": "ovserve", "native": "ovserve-native"}
+GRPC_ENGINES = {"grpcio": "ovserve", "native": "ovserve-native", "loop": "ovserve-loop"}
 #: The engine ``ovserve serve`` runs by default (``auto``: native on a listener without TLS, which the
 #: bench's are, wherever pygrpc-native is installed; grpcio otherwise).
 DEFAULT_GRPC_SERVER = "ovserve-native"
@@ -209,11 +209,15 @@ def cpu_targets(run: Run) -> list[Target]:
                        _find(rows, "add", "kserve", protocol, c), 1 / 3, "kserve")
         cpu_target(f"add grpc c{c} server CPU/req / native engine's", _find(rows, "add", default, "grpc", c),
                    _find(rows, "add", "ovserve-native", "grpc", c), 1.3, "native")
-        if native:  # the engine that was the default until 2026-11-24, kept in sight
-            cpu_target(f"add grpc c{c} server CPU/req / kserve's [grpcio]", _find(rows, "add", "ovserve", "grpc", c),
+        # the other engines measured, kept in sight: grpcio (the default until 2026-11-24, and TLS's), loop
+        others = [("grpcio", "ovserve")] if native else []
+        if any(r.server == "ovserve-loop" and r.protocol == "grpc" for r in rows):
+            others.append(("loop", "ovserve-loop"))
+        for e, srv in others:
+            cpu_target(f"add grpc c{c} server CPU/req / kserve's [{e}]", _find(rows, "add", srv, "grpc", c),
                        _find(rows, "add", "kserve", "grpc", c), 1 / 3, "kserve")
-            cpu_target(f"add grpc c{c} server CPU/req / native engine's [grpcio]",
-                       _find(rows, "add", "ovserve", "grpc", c), _find(rows, "add", "ovserve-native", "grpc", c),
+            cpu_target(f"add grpc c{c} server CPU/req / native engine's [{e}]",
+                       _find(rows, "add", srv, "grpc", c), _find(rows, "add", "ovserve-native", "grpc", c),
                        1.3, "native")
     return out
 

@@ -642,7 +642,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=10, metavar="S", help="per request")
     p.add_argument("--max-requests", type=int, default=2_000_000, help="per stream, at most")
     p.add_argument("--sample", type=float, default=1.0, metavar="S", help="seconds between server samples")
-    p.add_argument("--grpc-engine", choices=["grpcio", "native"], default=None, help="ovserve's --grpc-engine")
+    p.add_argument("--grpc-engine", choices=["grpcio", "native", "loop"], default=None, help="ovserve's --grpc-engine")
     p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `ovserve serve` (repeatable), e.g. --ovserve-arg=--nireq=2")
     p.add_argument("--wait-quiet", type=float, default=0, metavar="S",

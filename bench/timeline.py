@@ -205,6 +205,8 @@ def main(argv: list[str]) -> int:
     what = "a JPEG per request (the photo path)" if args.photo else "tensors"
     title = f"# Stream timeline: {args.model} ({props}), {', '.join(protocols)} at concurrency {args.concurrency}"
     lines = [f"{title}, {what}", ""]
+    if args.ovserve_arg:  # an engine, a setting: the file says what the served rows ran with
+        lines += [f"ovserve serve ... {' '.join(args.ovserve_arg)}", ""]
     with tempfile.TemporaryDirectory(prefix="ovserve-bench-timeline-") as name:
         tmp = Path(name)
         paths = models.build_repository(tmp / "repo", mobilenet=args.model == "mobilenet_v2")

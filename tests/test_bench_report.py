@@ -48,6 +48,12 @@ def test_cpu_targets_compare_the_default_engine_with_kserve_and_the_native_engin
     assert "add grpc c4 server CPU/req / kserve's [grpcio]" not in alone
     rest = got["add rest-json c4 server CPU/req / kserve's"]
     assert rest.value == 0.25 and rest.met is True
+    # the loop engine's rows, where measured, tagged beside grpcio's
+    with_loop = {t.case: t for t in report.cpu_targets(_run([*rows, _row("ovserve-loop", "grpc", 5000.0, 110.0)]))}
+    loop_vs_native = with_loop["add grpc c4 server CPU/req / native engine's [loop]"]
+    assert loop_vs_native.measured == "220 us vs 200 us native" and loop_vs_native.met is True
+    assert with_loop["add grpc c4 server CPU/req / kserve's [loop]"].met is True
+    assert "add grpc c4 server CPU/req / kserve's [loop]" not in got
     # a case not measured in this run is n/a, not a failure
     assert got["add rest-binary c16 server CPU/req / kserve's"].met is None
     assert "Server CPU per request (issue 21):" in report.render(_run(rows), markdown=True)

@@ -55,7 +55,12 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert {(r["model"], r["protocol"]) for r in native} == {("add", "grpc"), ("resnetish", "grpc")}
     for r in native:
         assert float(r["throughput"]) > 0 and int(r["errors"]) == 0, r
-    assert "[native]" in proc.stdout and "[grpcio]" in proc.stdout, proc.stdout[-3000:]
+    # and so does the loop engine (HTTP/2 on the event loop)
+    loop = [r for r in rows if r["server"] == "ovserve-loop"]
+    assert {(r["model"], r["protocol"]) for r in loop} == {("add", "grpc"), ("resnetish", "grpc")}
+    for r in loop:
+        assert float(r["throughput"]) > 0 and int(r["errors"]) == 0, r
+    assert "[native]" in proc.stdout and "[grpcio]" in proc.stdout and "[loop]" in proc.stdout, proc.stdout[-3000:]
 
 
 def _run(started: datetime) -> report.Run:

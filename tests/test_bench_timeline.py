@@ -53,7 +53,8 @@ def test_the_command_runs_raw_and_served(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_photo_path_is_timed_through_both_transports(tmp_path: Path) -> None:
-    """``--photo``: each request a JPEG the server decodes and resizes for the real MobileNetV2 classifier."""
+    """``--photo``: each request a JPEG the server decodes and resizes for the real MobileNetV2 classifier (here
+    served on the loop gRPC engine, named in the file)."""
     pytest.importorskip("cv2")
     from ovserve.server.zoo import fetch
     from ovserve.server.zoo.mobilenet_v2 import default_weights
@@ -65,11 +66,13 @@ def test_the_photo_path_is_timed_through_both_transports(tmp_path: Path) -> None
     out = tmp_path / "timeline.md"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.timeline", "--model", "mobilenet_v2", "--photo", "--concurrency", "2",
-         "--seconds", "2.5", "--nireq", "0", "--protocols", "grpc,rest-binary", "--out", str(out)],
+         "--seconds", "2.5", "--nireq", "0", "--protocols", "grpc,rest-binary", "--out", str(out),
+         "--ovserve-arg=--grpc-engine=loop"],
         cwd=ROOT, capture_output=True, text=True, timeout=540, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
     assert "a JPEG per request (the photo path)" in text.splitlines()[0], text
+    assert "ovserve serve ... --grpc-engine=loop" in text.splitlines()[2], text  # the served rows' engine
     for label in ("ovserve gRPC, nireq default:", "ovserve REST binary, nireq default:"):
         line = next((ln for ln in text.splitlines() if ln.startswith(label)), "")
         assert line and " 0 infer/s" not in line, text

@@ -106,3 +106,14 @@ def test_loopcost_measures_both_paths_on_the_real_server_and_pairs_their_rounds(
     expected = [s[1] - r[1] for s, r in zip(rounds["servicer"], rounds["runtime"], strict=True)]
     assert printed == pytest.approx(expected, abs=1.01)  # printed rounded, from unrounded figures
     assert len(re.findall(r"after +[\d.]+ ms +median", out)) == 4
+
+
+def test_a_served_ratio_just_under_its_goal_is_not_printed_as_the_goal() -> None:
+    """0.897 of the ceiling against a 0.9 goal reads 0.897 and not met, never "0.90 ... not met"."""
+    lines: list[str] = []
+    beside = [floor.Beside(400.0, 340.0, 340.0, 0.05, 0.02)] * 3
+    floor.report_served(["grpc"], [420.0] * 3, beside, [floor.Served({"grpc": 358.8}, {"grpc": 189.0})] * 3,
+                        0.9, 0.8, say=lines.append)
+    assert lines[1].endswith("= 0.897 x the ceiling, 0.85 x raw alone: not met"), lines
+    assert floor.ratio_text(0.904, 0.9) == "0.90" and floor.ratio_text(0.8951, 0.9) == "0.895"
+    assert floor.ratio_text(0.88, 0.9) == "0.88"
