@@ -73,7 +73,7 @@ class ProcessSettings:
     #: KServe V2 gRPC port (0 = an ephemeral port, logged at start; None = no gRPC listener).
     grpc_port: int | None = 8081
     #: gRPC server engine: auto (native on a listener without TLS, else grpcio), grpcio (grpc.aio),
-    #: native (pygrpc-native: no TLS) or loop (HTTP/2 on the event loop: no TLS).
+    #: native (pygrpc-native: no TLS) or loop (HTTP/2 on the event loop).
     grpc_engine: str = "auto"
     #: Event loop implementation: uvloop (default where installed) or asyncio.
     event_loop: str = "uvloop"

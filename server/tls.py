@@ -18,8 +18,9 @@ are logged and skipped; the previous material stays in use until the files load.
 Each transport turns the material into its own form: REST an
 :class:`ssl.SSLContext` whose SNI callback (OpenSSL calls it for every
 handshake, with a server name or without) hands the connection the newest
-context (:meth:`ServerTls.ssl_context`); gRPC dynamic credentials whose fetcher
-asks :meth:`ServerTls.refresh` (transports/grpc/listener.py).
+context (:meth:`ServerTls.ssl_context`); the loop gRPC engine the same with
+HTTP/2 by ALPN (``ssl_context("h2")``); grpcio dynamic credentials whose
+fetcher asks :meth:`ServerTls.refresh` (transports/grpc/listener.py).
 """
 from __future__ import annotations
 
@@ -84,8 +85,9 @@ def resolve(cert: Path | None, key: Path | None, client_ca: Path | None, overrid
 # -- the material and its reloading -------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Material:
-    """One consistent reading of the files: their bytes and the server context made of them.
-    ``version`` counts the readings of one :class:`ServerTls` (1 is the first)."""
+    """One consistent reading of the files: their bytes and the server contexts made of them, one for
+    HTTP/1.1 (REST) and one for HTTP/2 (gRPC), each offering only its protocol by ALPN. ``version``
+    counts the readings of one :class:`ServerTls` (1 is the first)."""
 
     files: TlsFiles
     cert: bytes
@@ -93,6 +95,10 @@ class Material:
     client_ca: bytes | None
     context: ssl.SSLContext
     version: int
+    h2_context: ssl.SSLContext
+
+    def context_for(self, protocol: str) -> ssl.SSLContext:
+        return self.h2_context if protocol == "h2" else self.context
 
 
 class EncryptedKey(ValueError):
@@ -106,16 +112,23 @@ def _no_password(key: Path) -> Callable[[], str]:
     return refuse
 
 
-def server_context(files: TlsFiles) -> ssl.SSLContext:
-    """A TLS server context from the files: TLS 1.2 or newer, HTTP/1.1 by ALPN, and with a client CA
-    every client certificate verified against it and required."""
+#: the application protocols a context may offer by ALPN
+PROTOCOLS = ("http/1.1", "h2")
+
+
+def server_context(files: TlsFiles, protocol: str = "http/1.1") -> ssl.SSLContext:
+    """A TLS server context from the files: TLS 1.2 or newer, ``protocol`` (HTTP/1.1, or ``h2``
+    for gRPC) by ALPN, and with a client CA every client certificate verified against it and required."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(files.cert, files.key, password=_no_password(files.key))
     if files.client_ca is not None:
         ctx.load_verify_locations(cafile=files.client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols([protocol])
+    if protocol == "h2":  # RFC 7540 9.2.2: no compression, no renegotiation, TLS 1.2's ciphers with AEAD
+        ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
+        ctx.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20")
     return ctx
 
 
@@ -144,7 +157,7 @@ def load(files: TlsFiles, version: int = 1) -> Material:
     except OSError as exc:
         raise ValueError(f"cannot read {exc.filename}: {exc.strerror}") from None
     try:
-        ctx = server_context(files)
+        ctx, h2 = server_context(files), server_context(files, "h2")
     except ssl.SSLError as exc:
         reason = exc.reason or str(exc)
         if reason == "KEY_VALUES_MISMATCH":
@@ -160,7 +173,7 @@ def load(files: TlsFiles, version: int = 1) -> Material:
     cert, key, ca = before
     assert cert is not None
     assert key is not None
-    return Material(files, cert, key, ca, ctx, version)
+    return Material(files, cert, key, ca, ctx, version, h2)
 
 
 class ServerTls:
@@ -215,12 +228,15 @@ class ServerTls:
             log.warning("TLS: %s changed but does not load (%s): new connections keep the previous certificate",
                         self.files.cert, why)
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """A server context for a listening socket that gives each new connection the newest material."""
-        base = self._material.context
+    def ssl_context(self, protocol: str = "http/1.1") -> ssl.SSLContext:
+        """A server context for a listening socket that gives each new connection the newest material,
+        offering ``protocol`` by ALPN (one of :data:`PROTOCOLS`)."""
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}; one of {', '.join(PROTOCOLS)}")
+        base = self._material.context_for(protocol)
 
         def newest(conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, current: ssl.SSLContext) -> None:
-            ctx = self.refresh().context
+            ctx = self.refresh().context_for(protocol)
             if ctx is not current:
                 conn.context = ctx  # SSL_set_SSL_CTX: this connection's certificate, key and client CA store
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from ovserve.server import tls as server_tls
 from ovserve.server.config import TlsOverride, parse_tls_override
 
 from . import models
-from .client_proxies import Certs, make_certs, needs_openssl
+from .client_proxies import CLIENT_CN, Certs, make_certs, needs_openssl
 from .servers import EXACT, ServerProcess
 from .tls_tools import (
     BODY,
@@ -67,10 +68,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # -- one server: mTLS on REST, KServe gRPC and TorchServe's two listeners ----------------------------
-@pytest.fixture(scope="module")
-def mtls(repo: Path, certs: Certs) -> Iterator[ServerProcess]:
+#: the gRPC engines that serve TLS: grpcio (what auto chooses with TLS) and loop (the listener's ssl.SSLContext)
+TLS_ENGINES = ["auto", "loop"]
+
+
+@pytest.fixture(scope="module", params=TLS_ENGINES)
+def mtls(repo: Path, certs: Certs, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT, *tls_flags(certs),
-                          "--ts-inference-port", "0", "--ts-management-port", "0",
+                          "--ts-inference-port", "0", "--ts-management-port", "0", "--grpc-engine", request.param,
                           "--ts-management-tls", "client-ca=off", "--metrics-enable", "--metrics-port", "0"])
     try:
         yield wait_https(proc, certs)
@@ -84,6 +89,10 @@ def test_listeners_say_they_serve_tls(mtls: ServerProcess, certs: Certs) -> None
         assert f"mTLS, client certificates required (CA {certs.ca})" in line, line
     line = mtls.wait_log(r"\bts-management listening on ")
     assert "; TLS, certificate" in line and "client certificates" not in line, line
+    asked = mtls.args[mtls.args.index("--grpc-engine") + 1]
+    engines = [line.split("gRPC engine: ", 1)[1] for line in mtls.lines if "gRPC engine: " in line]
+    assert len(engines) == 3 and all(e.startswith(("grpcio" if asked == "auto" else asked) + " (")
+                                     for e in engines), engines
 
 
 def test_curl_with_a_client_certificate_infers(mtls: ServerProcess, certs: Certs) -> None:
@@ -230,17 +239,36 @@ def test_metrics_tls_off_lets_prometheus_scrape_in_plain_text(repo: Path, certs:
 
 
 # -- the engine without TLS, and what cannot start -----------------------------------------------------
-@pytest.mark.parametrize(("engine", "named"), [("native", "the native gRPC engine (pygrpc-native "),
-                                                ("loop", "the loop gRPC engine (HTTP/2 on the event loop)")])
-def test_an_engine_without_tls_is_refused_with_tls_in_one_line(repo: Path, certs: Certs, engine: str,
-                                                                named: str) -> None:
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--grpc-engine", engine,
+def test_the_native_engine_is_refused_with_tls_in_one_line(repo: Path, certs: Certs) -> None:
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--grpc-engine", "native",
                           *tls_flags(certs, client_ca=False)])
     assert proc.wait_exit(60) == 1
     errors = [line for line in proc.lines if " ERROR " in line]
     assert len(errors) == 1, proc.log
-    assert f"cannot start: grpc: {named}" in errors[0]
-    assert "serves no TLS; use --grpc-engine grpcio, or --grpc-tls off" in errors[0]
+    assert "cannot start: grpc: the native gRPC engine (pygrpc-native " in errors[0]
+    assert "serves no TLS; use --grpc-engine grpcio or loop, or --grpc-tls off" in errors[0]
+
+
+def test_plain_grpc_and_http1_to_a_tls_grpc_port_are_refused_and_it_serves_on(
+        mtls: ServerProcess, certs: Certs) -> None:
+    """A client speaking plain-text HTTP/2, or TLS offering only HTTP/1.1, gets no gRPC answer; the failed
+    handshakes are not errors in the server's log, and the next client with a certificate is served."""
+    import grpc
+
+    with grpc.insecure_channel(mtls.grpc_target) as channel:
+        stub = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
+        with pytest.raises(grpc.RpcError) as info:
+            stub(b"", timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    out = curl(f"https://{HOST}:{mtls.grpc_port}/inference.GRPCInferenceService/ServerReady", "--http1.1",
+               "--cacert", str(certs.ca), "--cert", str(certs.client_cert), "--key", str(certs.client_key))
+    assert not out.stdout.endswith("200"), out
+    client = triton(mtls.grpc_port, certs, certs)
+    try:
+        np.testing.assert_allclose(triton_infer(client), expected(), rtol=1e-5)
+    finally:
+        client.close()
+    assert not [line for line in mtls.lines if " ERROR " in line], mtls.log
 
 
 def test_native_grpc_engine_serves_plain_grpc_beside_tls_rest(repo: Path, certs: Certs) -> None:
@@ -315,10 +343,11 @@ def test_unusable_tls_files_cannot_start(repo: Path, certs: Certs, other: Certs,
 
 
 # -- rotation ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("engine", TLS_ENGINES)
 def test_a_rotated_certificate_reaches_new_connections_while_open_ones_keep_working(
-        repo: Path, certs: Certs, other: Certs, tmp_path: Path) -> None:
+        repo: Path, certs: Certs, other: Certs, tmp_path: Path, engine: str) -> None:
     volume = SecretVolume(tmp_path, certs)
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT,
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT, "--grpc-engine", engine,
                           *tls_flags(certs, folder=tmp_path)])
     try:
         wait_https(proc, certs)
@@ -430,3 +459,60 @@ def test_the_operators_mtls_exec_probe_passes_against_the_server_and_fails_untru
         command = [sys.executable, *(part.replace(operator_tls.MOUNT, str(folder)) for part in rest)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert (done.returncode == 0) is ok, done.stderr
+
+
+def test_the_loop_engine_gives_a_handler_the_client_certificates_names(certs: Certs) -> None:
+    """``context.auth_context()``, ``peer_identities()`` and ``peer_identity_key()`` on the loop engine, as
+    grpcio gives them: the client certificate's subject alternative names, else its common name (the test
+    client certificate has only a common name); the server certificate's for a client that presents none is
+    not there to give, so a server-only TLS connection has no identities."""
+    import asyncio
+    import threading
+
+    import grpc
+
+    from ovserve.server.transports.grpc.loop import LoopServer
+
+    def who(request: bytes, context: Any) -> bytes:
+        auth = {k: [v.decode() for v in vs] for k, vs in context.auth_context().items()}
+        identities = context.peer_identities()
+        return json.dumps({"auth": auth, "key": context.peer_identity_key(),
+                           "identities": None if identities is None else [i.decode() for i in identities]}).encode()
+
+    handler = grpc.method_handlers_generic_handler("t.T", {"Who": grpc.unary_unary_rpc_method_handler(who)})
+    results: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def serve(mutual: bool) -> None:
+        async def main() -> None:
+            tls = server_tls.ServerTls(server_tls.TlsFiles(certs.server_cert, certs.server_key,
+                                                           certs.ca if mutual else None))
+            server = LoopServer()
+            server.add_generic_rpc_handlers((handler,))
+            results["port"] = server.add_secure_port(f"{HOST}:0", tls.ssl_context("h2"))
+            await server.start()
+            results["started"].set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            await server.stop(1)
+        asyncio.run(main())
+
+    for mutual in (True, False):
+        stop.clear()
+        results["started"] = threading.Event()
+        thread = threading.Thread(target=serve, args=(mutual,), daemon=True)
+        thread.start()
+        try:
+            assert results["started"].wait(20)
+            creds = grpc.ssl_channel_credentials(certs.ca.read_bytes(), *(
+                (certs.client_key.read_bytes(), certs.client_cert.read_bytes()) if mutual else ()))
+            with grpc.secure_channel(f"localhost:{results['port']}", creds) as channel:
+                seen = json.loads(channel.unary_unary("/t.T/Who")(b"", timeout=20))
+        finally:
+            stop.set()
+            thread.join(20)
+        assert seen["auth"]["transport_security_type"] == ["ssl"], seen
+        if mutual:
+            assert seen["key"] == "x509_common_name" and seen["identities"] == [CLIENT_CN], seen
+        else:
+            assert seen["key"] is None and seen["identities"] is None, seen

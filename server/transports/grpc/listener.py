@@ -8,7 +8,8 @@ The engine is chosen here (``--grpc-engine``; docs/performance.md "Server CPU pe
 - ``grpcio``: ``grpc.aio``, gRPC's own C-core server;
 - ``loop``: ovserve's own HTTP/2 on the event loop (:mod:`.loop`): the frames are read and
   written where the handlers run, as uvicorn does for REST, with no I/O or dispatch thread
-  between the socket and the call; every method shape; no TLS;
+  between the socket and the call; every method shape; TLS from the same reloading
+  ``ssl.SSLContext`` as REST, offering HTTP/2 by ALPN;
 - ``native``: ``pygrpc_native.aio``, a drop-in ``grpc.aio`` server whose HTTP/2
   and per-call work runs in Rust outside the GIL. Unary and server-streaming
   methods are served by it; bidirectional streams and reflection go to a
@@ -22,7 +23,8 @@ The engine is chosen here (``--grpc-engine``; docs/performance.md "Server CPU pe
 With TLS (server/tls.py), grpcio serves dynamic credentials: gRPC asks the
 fetcher on every new connection's handshake, and the fetcher hands it the
 files' new material once they have changed; connections already open keep
-theirs.
+theirs. The loop engine gets the listener's ``ssl.SSLContext``, whose SNI
+callback does the same on each handshake.
 
 Every listener serves gRPC health (each service NOT_SERVING until the data
 plane has started, SERVING after) and, on first use, server reflection. Adding
@@ -227,13 +229,16 @@ class GrpcListener:
         self._build(engine)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            bound: int = (self.server.add_secure_port(address, server_credentials(tls)) if tls is not None
-                          else self.server.add_insecure_port(address))
-        except NotImplementedError:  # an engine without TLS (pygrpc-native 0.5, loop)
+            if tls is None:
+                bound: int = self.server.add_insecure_port(address)
+            elif engine == "loop":  # the reloading context itself, HTTP/2 by ALPN
+                bound = self.server.add_secure_port(address, tls.ssl_context("h2"))
+            else:
+                bound = self.server.add_secure_port(address, server_credentials(tls))
+        except NotImplementedError:  # an engine without TLS (pygrpc-native 0.5)
             package = GRPC_ENGINES[self.engine]
-            what = "HTTP/2 on the event loop" if self.engine == "loop" else f"{package} {version(package)}"
-            raise InvalidInput(f"{self.name}: the {self.engine} gRPC engine ({what}) serves "
-                               f"no TLS; use --grpc-engine grpcio, or --{self.name}-tls off") from None
+            raise InvalidInput(f"{self.name}: the {self.engine} gRPC engine ({package} {version(package)}) serves "
+                               f"no TLS; use --grpc-engine grpcio or loop, or --{self.name}-tls off") from None
         except RuntimeError:  # both engines raise it for an address in use (grpcio may also return 0)
             bound = 0
         if bound == 0:

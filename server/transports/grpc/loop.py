@@ -13,7 +13,8 @@ shape (unary and streaming requests and responses; a response-streaming handler 
 deadlines (DEADLINE_EXCEEDED), client cancellation (RST_STREAM cancels the handler's task), gzip
 and deflate compressed requests, the receive limit (RESOURCE_EXHAUSTED naming both sizes), flow
 control both ways (a stream's window is given back as its messages are consumed) and write
-back-pressure, GOAWAY at stop. No TLS: ``auto`` gives a listener with TLS to grpcio.
+back-pressure, GOAWAY at stop, and TLS (an ``ssl.SSLContext`` offering ``h2`` by ALPN, the
+listener's reloading one, server/tls.py) with the client's certificate in the auth context.
 
 HTTP/2 (RFC 9113) is kept to what gRPC uses: no server push, no priorities (PRIORITY frames are
 read and ignored), HPACK decoded with the ``hpack`` package and encoded without the dynamic table
@@ -26,6 +27,7 @@ import asyncio
 import base64
 import logging
 import socket
+import ssl
 import struct
 import zlib
 from collections import deque
@@ -180,14 +182,21 @@ class Context:
     def peer(self) -> str:
         return self._call.conn.peer
 
-    def peer_identities(self) -> None:
-        return None
+    def peer_identities(self) -> list[bytes] | None:
+        """As grpcio: the names a client certificate was verified for (its subject alternative names,
+        else its common name); None without one."""
+        key = self.peer_identity_key()
+        return None if key is None else self.auth_context()[key]
 
-    def peer_identity_key(self) -> None:
+    def peer_identity_key(self) -> str | None:
+        auth = self.auth_context()
+        for key in ("x509_subject_alternative_name", "x509_common_name"):
+            if auth.get(key):
+                return key
         return None
 
     def auth_context(self) -> dict[str, list[bytes]]:
-        return {}
+        return self._call.conn.auth()
 
     def time_remaining(self) -> float | None:
         deadline = self._call.deadline_at
@@ -241,7 +250,7 @@ class Context:
         raise _Aborted()
 
     async def write(self, message: Any) -> None:
-        await self._call.send_message(self._call.handler.response_serializer(message))
+        await self._call.send_message(self._call.serialize(message))
 
     async def read(self) -> Any:
         return await self._call.next_request()
@@ -269,6 +278,9 @@ class _Call:
         self.deadline_hit = False
         self.encoding = encoding
         self.context = Context(self)
+        # as grpcio: a handler without a (de)serializer takes and gives the message's bytes
+        self.deserialize: Callable[[Any], Any] = (handler and handler.request_deserializer) or bytes
+        self.serialize: Callable[[Any], bytes] = (handler and handler.response_serializer) or bytes
         seconds = None if timeout is None else parse_timeout(timeout)
         if seconds is not None:
             self.deadline_at = conn.loop.time() + seconds
@@ -350,7 +362,7 @@ class _Call:
         body, wire = self.messages.popleft()
         self.conn.consumed(self, wire)
         try:
-            return self.handler.request_deserializer(body)
+            return self.deserialize(body)
         except Exception as exc:
             await self.context.abort(grpc.StatusCode.INTERNAL, f"cannot parse the request message: {exc}")
 
@@ -392,7 +404,7 @@ class _Call:
                     if hasattr(replies, "__aiter__"):
                         try:
                             async for reply in replies:
-                                await self.send_message(handler.response_serializer(reply))
+                                await self.send_message(self.serialize(reply))
                         finally:  # its own finally (the call counted in flight) runs now, not at collection
                             aclose = getattr(replies, "aclose", None)
                             if aclose is not None:
@@ -405,7 +417,7 @@ class _Call:
                     if hasattr(reply, "__await__"):
                         reply = await reply
                     if context._code in (None, grpc.StatusCode.OK):
-                        await self.send_message(handler.response_serializer(reply))
+                        await self.send_message(self.serialize(reply))
                 code, details = context._code or grpc.StatusCode.OK, context._details
             except grpc.aio.AbortError:
                 code, details = context._code or grpc.StatusCode.UNKNOWN, context._details
@@ -440,7 +452,7 @@ class _Call:
             return None
         body, _ = self.messages.popleft()
         try:
-            return self.handler.request_deserializer(body)
+            return self.deserialize(body)
         except Exception as exc:
             self.refuse(grpc.StatusCode.INTERNAL, f"cannot parse the request message: {exc}")
             return None
@@ -517,6 +529,7 @@ class _Connection(asyncio.Protocol):
         self.writable.set()
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.closed = False
+        self._auth: dict[str, list[bytes]] | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -545,6 +558,26 @@ class _Connection(asyncio.Protocol):
         self.window_open.set()
         self.writable.set()
         self.server.changed()
+
+    def auth(self) -> dict[str, list[bytes]]:
+        """The connection's auth context: empty in plain text; over TLS the transport, and a verified client
+        certificate's names under grpcio's keys."""
+        if self._auth is None:
+            ssl_object = None if self.transport is None else self.transport.get_extra_info("ssl_object")
+            auth: dict[str, list[bytes]] = {}
+            if ssl_object is not None:
+                auth["transport_security_type"] = [b"ssl"]
+                auth["security_level"] = [b"TSI_PRIVACY_AND_INTEGRITY"]
+                cert = ssl_object.getpeercert() or {}
+                names = [v.encode() for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"]
+                alt = [v.encode() for k, v in cert.get("subjectAltName", ()) if k in ("DNS", "IP Address", "URI",
+                                                                                      "email")]
+                if names:
+                    auth["x509_common_name"] = names
+                if alt:
+                    auth["x509_subject_alternative_name"] = alt
+            self._auth = auth
+        return self._auth
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -865,7 +898,7 @@ class LoopServer:
         self.max_receive = int(opts.get("grpc.max_receive_message_length", 4 << 20))
         self._generic: list[Any] = []
         self._methods: dict[bytes, Any] = {}
-        self._sockets: list[socket.socket] = []
+        self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[_Connection] = set()
         self._changed: asyncio.Event | None = None
@@ -889,6 +922,16 @@ class LoopServer:
         return None
 
     def add_insecure_port(self, address: str) -> int:
+        return self._bind(address, None)
+
+    def add_secure_port(self, address: str, credentials: Any) -> int:
+        """``credentials``: an ``ssl.SSLContext`` offering ``h2`` by ALPN (grpc's credentials are grpcio's
+        own objects, which this engine cannot read)."""
+        if not isinstance(credentials, ssl.SSLContext):
+            raise TypeError("the loop engine serves TLS from an ssl.SSLContext, not grpc's server credentials")
+        return self._bind(address, credentials)
+
+    def _bind(self, address: str, context: ssl.SSLContext | None) -> int:
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
         infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -902,19 +945,16 @@ class LoopServer:
         except OSError:
             sock.close()
             raise RuntimeError(f"cannot bind {address}") from None
-        self._sockets.append(sock)
+        self._sockets.append((sock, context))
         return int(sock.getsockname()[1])
-
-    def add_secure_port(self, address: str, credentials: Any) -> int:
-        raise NotImplementedError("the loop engine serves no TLS")
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
-        for sock in self._sockets:
+        for sock, context in self._sockets:
             sock.listen(1024)
             sock.setblocking(False)
-            self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock))
+            self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock, ssl=context))
 
     def changed(self) -> None:
         if self._changed is not None:
