@@ -24,11 +24,13 @@ from tritonclient.utils import InferenceServerException
 
 from . import models
 from .clients import post
-from .servers import ServerProcess, TransformerProcess
+from .servers import EXACT, ServerProcess, TransformerProcess
 
 pytestmark = pytest.mark.integration
 
-#: rows of the request that keeps the one infer request busy (about 2.5 s on two idle cores)
+#: rows of the request that keeps the one infer request busy: 2.5-3.3 s on two idle cores in f32, as the
+#: servers here infer (EXACT); where OpenVINO picks bf16 by itself (CPUs with AMX) it took 0.4 s, and a
+#: refusal asked for 1.5 s after it started found the queue empty again
 LONG_ROWS = 4096
 FLOOD = 8
 
@@ -47,7 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         {"name": "relayed", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
     ])
     proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1",
-                          "--metrics-enable", "--grpc-engine", "grpcio"])
+                          "--metrics-enable", "--grpc-engine", "grpcio", *EXACT])
     try:
         yield proc.wait_ready(timeout=180)
     finally:
@@ -62,7 +64,7 @@ def native_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     config = models.write_config(base / "config.json", [
         {"name": "native", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
         {"name": "relayed", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1}])
-    proc = ServerProcess(["--config", str(config), "--poll-interval", "0",
+    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", *EXACT,
                           "--access-log", str(base / "access.log")])
     try:
         proc.wait_ready(timeout=180)

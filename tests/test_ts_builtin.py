@@ -228,8 +228,14 @@ def test_a_batch_answers_each_request(small: InProcessServer, picture: np.ndarra
     handler = initialized(ImageClassifier, ctx)
     pictures = [picture, 255 - picture, np.flipud(picture).copy()]
     alone = [run(handler, ctx, [{"data": encode(".png", p)}])[0] for p in pictures]
-    assert run(handler, ctx, [{"data": encode(".png", p)} for p in pictures]) == alone
-    assert alone[0] != alone[1]
+    together = run(handler, ctx, [{"data": encode(".png", p)} for p in pictures])
+    assert len(together) == len(alone)
+    for got, want in zip(together, alone, strict=True):
+        # the same classes in the same order, the same scores but for the last bits: OpenVINO's CPU kernels
+        # for a batch of 3 may round differently from those for one row (seen on AVX-512, ~1e-8)
+        assert list(got) == list(want)
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
+    assert alone[0] != pytest.approx(alone[1], rel=1e-3) and alone[1] != pytest.approx(alone[2], rel=1e-3)
 
 
 @pytest.mark.parametrize(("item", "words"), [
