@@ -64,6 +64,8 @@ LOCAL_MAX_FRAME = (1 << 24) - 1
 MAX_STREAMS = 1024
 #: the most header bytes (HPACK-decoded, RFC 9113 sizes) a request may send: grpcio's hard limit
 MAX_HEADER_LIST = 16 << 10
+#: bytes queued in one turn of the loop past which they are sent at once
+FLUSH_AT = 64 << 10
 
 _FRAME = struct.Struct(">BHBBI")
 _PREFIX = struct.Struct(">BI")
@@ -530,6 +532,9 @@ class _Connection(asyncio.Protocol):
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.closed = False
         self._auth: dict[str, list[bytes]] | None = None
+        #: frames written in this turn of the loop, sent together by :meth:`flush` at the next turn
+        self.out: list[bytes | memoryview] = []
+        self.out_bytes = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -598,14 +603,28 @@ class _Connection(asyncio.Protocol):
             log.error("gRPC connection from %s: unexpected error", self.peer, exc_info=exc)
             self.fail(INTERNAL_ERROR, "internal error")
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
+        """Queue ``data`` to be sent with everything else written in this turn of the loop: a unary reply's
+        HEADERS, DATA and trailers, and the replies of other calls that completed meanwhile, go out in one
+        send (one TLS record) instead of one each."""
         if not self.closed and self.transport is not None:
-            self.transport.write(data)
+            if not self.out:
+                self.loop.call_soon(self.flush)
+            self.out.append(data)
+            self.out_bytes += len(data)
+            if self.out_bytes >= FLUSH_AT:  # large replies go at once, so the transport's back-pressure holds
+                self.flush()
+
+    def flush(self) -> None:
+        out, self.out, self.out_bytes = self.out, [], 0
+        if out and not self.closed and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def fail(self, code: int, message: str) -> None:
         """A connection error: GOAWAY saying why, then the connection is closed."""
         log.debug("gRPC connection from %s closed: %s", self.peer, message)
         self.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_sid) + _U32.pack(code) + message.encode()[:256]))
+        self.flush()
         if self.transport is not None:
             self.transport.close()
         self.closed = True
@@ -860,8 +879,8 @@ class _Connection(asyncio.Protocol):
             n = room
             self.send_window -= n
             call.window -= n
-            if self.transport is not None:
-                self.transport.writelines((_FRAME.pack(n >> 16, n & 0xFFFF, DATA, 0, call.sid), view[:n]))
+            self.write(_FRAME.pack(n >> 16, n & 0xFFFF, DATA, 0, call.sid))
+            self.write(view[:n])
             view = view[n:]
             if not self.writable.is_set():
                 await self.writable.wait()
@@ -879,6 +898,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
+            self.flush()
             self.transport.close()
 
 
