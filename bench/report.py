@@ -22,9 +22,8 @@ PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
 SERVERS = ("raw", "ovserve", "ovserve-native", "ovserve-loop", "ovserve-batch", "kserve")
 #: ovserve's gRPC engines: the server label whose rows each one's gRPC targets are read from.
 GRPC_ENGINES = {"grpcio": "ovserve", "native": "ovserve-native", "loop": "ovserve-loop"}
-#: The engine ``ovserve serve`` runs by default (``auto``: native on a listener without TLS, which the
-#: bench's are, wherever pygrpc-native is installed; grpcio otherwise).
-DEFAULT_GRPC_SERVER = "ovserve-native"
+#: The engine ``ovserve serve`` runs by default (``auto``: loop, since 2026-11-25; native before).
+DEFAULT_GRPC_SERVER = "ovserve-loop"
 NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
 
 
@@ -190,11 +189,11 @@ def targets(run: Run) -> list[Target]:
 
 def cpu_targets(run: Run) -> list[Target]:
     """Issue 21's CPU per request: ovserve's default engine at most a third of KServe's on ``add`` over gRPC
-    and REST, and on gRPC at most 1.3x the native engine's. The default engine is native (DEFAULT_GRPC_SERVER)
-    where the run measured it, else grpcio; grpcio's own rows stay beside it, tagged."""
+    and REST, and on gRPC at most 1.3x the native engine's. The default engine is loop (DEFAULT_GRPC_SERVER)
+    where the run measured it, else grpcio; the other engines' rows stay beside it, tagged."""
     rows, out = run.rows, []
-    native = any(r.server == DEFAULT_GRPC_SERVER and r.protocol == "grpc" for r in rows)
-    default = DEFAULT_GRPC_SERVER if native else "ovserve"
+    measured = {srv for srv in GRPC_ENGINES.values() if any(r.server == srv and r.protocol == "grpc" for r in rows)}
+    default = DEFAULT_GRPC_SERVER if DEFAULT_GRPC_SERVER in measured else "ovserve"
 
     def cpu_target(case: str, ours: Row | None, other: Row | None, goal: float, against: str) -> None:
         a, b = cpu_us(ours), cpu_us(other)
@@ -209,16 +208,16 @@ def cpu_targets(run: Run) -> list[Target]:
                        _find(rows, "add", "kserve", protocol, c), 1 / 3, "kserve")
         cpu_target(f"add grpc c{c} server CPU/req / native engine's", _find(rows, "add", default, "grpc", c),
                    _find(rows, "add", "ovserve-native", "grpc", c), 1.3, "native")
-        # the other engines measured, kept in sight: grpcio (the default until 2026-11-24, and TLS's), loop
-        others = [("grpcio", "ovserve")] if native else []
-        if any(r.server == "ovserve-loop" and r.protocol == "grpc" for r in rows):
-            others.append(("loop", "ovserve-loop"))
-        for e, srv in others:
+        # the other engines measured, kept in sight: grpcio, native (the default until 2026-11-25)
+        for e, srv in GRPC_ENGINES.items():
+            if srv not in measured or srv == default:
+                continue
             cpu_target(f"add grpc c{c} server CPU/req / kserve's [{e}]", _find(rows, "add", srv, "grpc", c),
                        _find(rows, "add", "kserve", "grpc", c), 1 / 3, "kserve")
-            cpu_target(f"add grpc c{c} server CPU/req / native engine's [{e}]",
-                       _find(rows, "add", srv, "grpc", c), _find(rows, "add", "ovserve-native", "grpc", c),
-                       1.3, "native")
+            if srv != "ovserve-native":
+                cpu_target(f"add grpc c{c} server CPU/req / native engine's [{e}]",
+                           _find(rows, "add", srv, "grpc", c), _find(rows, "add", "ovserve-native", "grpc", c),
+                           1.3, "native")
     return out
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
 import threading
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -48,3 +50,20 @@ def binary_infer(url: str, model: str, x: np.ndarray, sent: threading.Event | No
     n = int(headers["Inference-Header-Content-Length"])
     out = json.loads(content[:n])["outputs"][0]
     return np.frombuffer(content[n:], np.float32).reshape(out["shape"])
+
+
+def curl_grpc(url: str, request: bytes, tmp_path: Path, *args: str) -> tuple[dict[str, str], bytes]:
+    """One unary gRPC call made by curl: another HTTP/2 implementation than grpcio's (nghttp2). The
+    headers and trailers it printed, by name, and the reply's body."""
+    body, head, out = tmp_path / "request.bin", tmp_path / "headers.txt", tmp_path / "reply.bin"
+    body.write_bytes(request)
+    done = subprocess.run(["curl", "-sS", "--max-time", "20", *args, "-H", "content-type: application/grpc",
+                           "-H", "te: trailers", "--data-binary", f"@{body}", "-D", str(head), "-o", str(out), url],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    fields = {}
+    for line in head.read_text().splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not line.startswith("HTTP/"):
+            fields[name.strip().lower()] = value.strip()
+    return fields, out.read_bytes()

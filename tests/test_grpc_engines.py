@@ -1,8 +1,8 @@
-"""Every gRPC engine serves the same protocol: ``auto`` (the default: pygrpc-native on a listener
-without TLS), ``grpcio`` (grpc.aio) and ``loop`` (HTTP/2 on the event loop).
+"""Every gRPC engine serves the same protocol: ``auto`` (the default: ``loop``, HTTP/2 on the event
+loop), ``grpcio`` (grpc.aio) and ``native`` (pygrpc-native).
 
 The gRPC protocol tests of the other modules run on the default engine; here they run again, in a
-child pytest per engine, with ``OVSERVE_GRPC_ENGINE=grpcio`` (or ``loop``) in the environment every
+child pytest per engine, with ``OVSERVE_GRPC_ENGINE=grpcio`` (or ``native``) in the environment every
 server they start inherits. The tests here check that the variable really switches the engine, what ``auto`` picks
 and says, and what a user sees when the package is missing. tests/test_grpc_stress.py holds the
 evidence under load (SIGTERM, cancellations, connections, streams, limits) for both engines.
@@ -33,17 +33,17 @@ GRPC_MODULES = ["test_smoke.py", "test_datatypes.py", "test_bad_input.py", "test
 
 
 def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
-    """The default (auto) serves plain gRPC on pygrpc-native and says why; the variable picks grpcio."""
+    """The default (auto) serves gRPC on the loop engine and says so; the variable picks grpcio."""
     grpcio = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
                            env={"OVSERVE_GRPC_ENGINE": "grpcio"})
     default = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
     try:
-        for proc, engine in ((grpcio, "grpcio (grpcio "), (default, "native (pygrpc-native ")):
+        for proc, engine in ((grpcio, "grpcio (grpcio "), (default, "loop (HTTP/2 on the event loop; hpack ")):
             proc.wait_ready()
             line = proc.wait_log("gRPC engine: ")
             assert engine in line, line
             assert line.endswith("for grpc (--grpc-engine grpcio)" if proc is grpcio
-                                 else "for grpc (auto: no TLS on this listener)"), line
+                                 else "for grpc (auto)"), line
             client = tgrpc.InferenceServerClient(proc.grpc_target)
             x = np.arange(32, dtype=np.float32).reshape(2, 16)
             inp = tgrpc.InferInput("x", [2, 16], "FP32")
@@ -57,7 +57,7 @@ def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("engine", ["grpcio", "loop"])
+@pytest.mark.parametrize("engine", ["grpcio", "native"])
 def test_grpc_protocol_tests_pass_on_the_other_engines(engine: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "grpc or sigterm",
@@ -90,13 +90,14 @@ def test_native_engine_without_its_package_says_how_to_install_it(demo_repo: Pat
     assert needs in proc.log, proc.log
 
 
-def test_auto_without_the_native_package_serves_on_grpcio_and_says_why(demo_repo: Path, tmp_path: Path) -> None:
+def test_auto_needs_no_native_package(demo_repo: Path, tmp_path: Path) -> None:
+    """The default engine is ovserve's own: a server where pygrpc-native is not installed serves gRPC on it."""
     proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
                          env=_without_native(tmp_path))
     try:
         proc.wait_ready()
         line = proc.wait_log("gRPC engine: ")
-        assert "grpcio (grpcio " in line and line.endswith("(auto: pygrpc-native is not installed)"), line
+        assert "loop (HTTP/2 on the event loop; hpack " in line and line.endswith("(auto)"), line
         client = tgrpc.InferenceServerClient(proc.grpc_target)
         x = np.arange(16, dtype=np.float32).reshape(1, 16)
         np.testing.assert_array_equal(grpc_infer(client, "add", x), x + 1)
@@ -178,7 +179,8 @@ def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: 
 
     assert [native_io_threads(n) for n in (1, 2, 4, 7, 8, 64)] == [1, 1, 1, 1, 2, 2]
     expected = native_io_threads(cpu_budget().usable)  # the tests' own process sees the same CPUs
-    proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
+    proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", "--grpc-engine", "native",
+                          *EXACT])
     try:
         proc.wait_ready()
         line = proc.wait_log("gRPC engine: ")

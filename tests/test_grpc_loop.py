@@ -1,4 +1,4 @@
-"""The ``loop`` gRPC engine's own HTTP/2 (server/transports/grpc/loop.py), against a real server.
+"""The ``loop`` gRPC engine's own HTTP/2 (server/transports/grpc/loop.py), the default, against a real server.
 
 The protocol suites run on it through tests/test_grpc_engines.py and tests/test_grpc_stress.py (SIGTERM,
 cancellations and deadlines, connections, streams, limits). Here: what only an engine that frames HTTP/2
@@ -8,6 +8,7 @@ unknown methods, a health Watch cancelled, a stream refused past the limit of st
 """
 from __future__ import annotations
 
+import shutil
 import socket
 import struct
 import time
@@ -24,6 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
+from .clients import curl_grpc
 from .servers import EXACT, HOST, ServerProcess
 
 TIMEOUT = 20.0
@@ -334,3 +336,22 @@ def test_requests_that_are_not_grpc_get_an_answer_saying_so(loop_server: ServerP
         assert seen[7].get("grpc-status") == "0", seen[7]
     finally:
         conn.close()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_over_http2_is_answered_with_trailers(loop_server: ServerProcess, tmp_path: Path) -> None:
+    """curl with HTTP/2 prior knowledge (h2c): a ModelInfer answered, and a call to a model that is not
+    there answered NOT_FOUND in the trailers, as grpcio clients get them."""
+    url = f"http://{HOST}:{loop_server.grpc_port}/inference.GRPCInferenceService/ModelInfer"
+    fields, reply = curl_grpc(url, add_request(1), tmp_path, "--http2-prior-knowledge")
+    assert fields.get("grpc-status") == "0" and fields.get("content-type") == "application/grpc", fields
+    n = struct.unpack(">I", reply[1:5])[0]
+    assert reply[0] == 0 and len(reply) == 5 + n
+    out = pb.ModelInferResponse.FromString(reply[5:])
+    np.testing.assert_array_equal(np.frombuffer(out.raw_output_contents[0], np.float32),
+                                  np.arange(16, dtype=np.float32) + 1)
+    missing = pb.ModelInferRequest(model_name="nope").SerializeToString()
+    fields, reply = curl_grpc(url, b"\x00" + struct.pack(">I", len(missing)) + missing, tmp_path,
+                               "--http2-prior-knowledge")
+    assert fields.get("grpc-status") == str(grpc.StatusCode.NOT_FOUND.value[0]) and not reply, fields
+    assert "nope" in fields.get("grpc-message", ""), fields

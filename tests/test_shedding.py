@@ -58,13 +58,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def native_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The default engine on a plain listener (auto: pygrpc-native), with a slow model of a queue of 1."""
+    """pygrpc-native (``--grpc-engine native``), with a slow model of a queue of 1."""
     base = tmp_path_factory.mktemp("shed-native")
     models.put_version(models.slow(1), base / "slow", 1)
     config = models.write_config(base / "config.json", [
         {"name": "native", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
         {"name": "relayed", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1}])
-    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", *EXACT,
+    proc = ServerProcess(["--config", str(config), "--poll-interval", "0", *EXACT, "--grpc-engine", "native",
                           "--access-log", str(base / "access.log")])
     try:
         proc.wait_ready(timeout=180)

@@ -28,6 +28,7 @@ from ovserve.server import tls as server_tls
 from ovserve.server.config import TlsOverride, parse_tls_override
 
 from . import models
+from .clients import curl_grpc
 from .client_proxies import CLIENT_CN, Certs, make_certs, needs_openssl
 from .servers import EXACT, ServerProcess
 from .tls_tools import (
@@ -68,8 +69,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # -- one server: mTLS on REST, KServe gRPC and TorchServe's two listeners ----------------------------
-#: the gRPC engines that serve TLS: grpcio (what auto chooses with TLS) and loop (the listener's ssl.SSLContext)
-TLS_ENGINES = ["auto", "loop"]
+#: the gRPC engines that serve TLS: auto (loop: the listener's ssl.SSLContext) and grpcio
+TLS_ENGINES = ["auto", "grpcio"]
 
 
 @pytest.fixture(scope="module", params=TLS_ENGINES)
@@ -91,7 +92,7 @@ def test_listeners_say_they_serve_tls(mtls: ServerProcess, certs: Certs) -> None
     assert "; TLS, certificate" in line and "client certificates" not in line, line
     asked = mtls.args[mtls.args.index("--grpc-engine") + 1]
     engines = [line.split("gRPC engine: ", 1)[1] for line in mtls.lines if "gRPC engine: " in line]
-    assert len(engines) == 3 and all(e.startswith(("grpcio" if asked == "auto" else asked) + " (")
+    assert len(engines) == 3 and all(e.startswith(("loop" if asked == "auto" else asked) + " (")
                                      for e in engines), engines
 
 
@@ -285,9 +286,9 @@ def test_native_grpc_engine_serves_plain_grpc_beside_tls_rest(repo: Path, certs:
         assert proc.stop() == 0
 
 
-def test_the_default_engine_is_chosen_per_listener_grpcio_where_it_serves_tls(repo: Path, certs: Certs) -> None:
-    """``--grpc-engine auto`` (the default): the KServe gRPC listener serves TLS, so it runs on grpcio; the
-    TorchServe inference listener, told ``--ts-inference-tls off``, runs on pygrpc-native. Each says why."""
+def test_the_default_engine_serves_a_listener_with_tls_and_one_without(repo: Path, certs: Certs) -> None:
+    """``--grpc-engine auto`` (the default): the KServe gRPC listener serves TLS and the TorchServe inference
+    listener, told ``--ts-inference-tls off``, plain text, both on the loop engine."""
     import grpc
     from google.protobuf import empty_pb2
 
@@ -301,10 +302,8 @@ def test_the_default_engine_is_chosen_per_listener_grpcio_where_it_serves_tls(re
         assert len(engines) == 2, proc.log
         (grpc_line,) = [e for e in engines if "for grpc (" in e]
         (ts_line,) = [e for e in engines if "for ts-inference (" in e]
-        assert grpc_line.startswith("grpcio (grpcio ") and grpc_line.endswith(
-            "(auto: this listener serves TLS, which the native engine does not)"), grpc_line
-        assert ts_line.startswith("native (pygrpc-native ") and ts_line.endswith(
-            "(auto: no TLS on this listener)"), ts_line
+        for line in (grpc_line, ts_line):
+            assert line.startswith("loop (HTTP/2 on the event loop; hpack ") and line.endswith("(auto)"), line
         client = triton(proc.grpc_port, certs, None)
         try:
             np.testing.assert_allclose(triton_infer(client), expected(), rtol=1e-5)
@@ -516,3 +515,15 @@ def test_the_loop_engine_gives_a_handler_the_client_certificates_names(certs: Ce
             assert seen["key"] == "x509_common_name" and seen["identities"] == [CLIENT_CN], seen
         else:
             assert seen["key"] is None and seen["identities"] is None, seen
+
+
+def test_curl_over_http2_and_tls_gets_grpc_answers(mtls: ServerProcess, certs: Certs, tmp_path: Path) -> None:
+    """curl (nghttp2) negotiating HTTP/2 by ALPN on the gRPC port, with the client certificate: a gRPC
+    ServerReady answered, on either engine."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    fields, reply = curl_grpc(f"https://localhost:{mtls.grpc_port}/inference.GRPCInferenceService/ServerReady",
+                              b"\x00\x00\x00\x00\x00", tmp_path, "--http2", "--cacert", str(certs.ca),
+                              "--cert", str(certs.client_cert), "--key", str(certs.client_key))
+    assert fields.get("grpc-status") == "0", fields
+    assert pb.ServerReadyResponse.FromString(reply[5:]).ready is True

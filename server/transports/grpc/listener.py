@@ -2,9 +2,9 @@
 
 The engine is chosen here (``--grpc-engine``; docs/performance.md "Server CPU per request"):
 
-- ``auto`` (default): ``native`` on a listener without TLS, ``grpcio`` on one with
-  TLS or where pygrpc-native is not installed; decided per listener once its TLS
-  is known (at bind), and logged with the reason;
+- ``auto`` (default): ``loop``, on every listener, with TLS or without (since
+  2026-11-25; until then native without TLS and grpcio with it: docs/performance.md
+  "A gRPC engine on the loop" has why);
 - ``grpcio``: ``grpc.aio``, gRPC's own C-core server;
 - ``loop``: ovserve's own HTTP/2 on the event loop (:mod:`.loop`): the frames are read and
   written where the handlers run, as uvicorn does for REST, with no I/O or dispatch thread
@@ -121,17 +121,13 @@ def _native_importable() -> bool:
 
 def choose_engine(asked: str, tls: bool) -> tuple[str, str]:
     """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``; ``tls``, whether the
-    listener serves TLS. ``auto`` takes native where it can serve (no TLS, the package importable),
-    grpcio elsewhere; an explicit engine is taken as it is (native with TLS then refuses at bind)."""
+    listener serves TLS. ``auto`` takes loop, with TLS or without (it needs no optional package); an
+    explicit engine is taken as it is (native with TLS then refuses at bind)."""
     if asked not in GRPC_ENGINE_CHOICES:
         raise InvalidInput(f"unknown gRPC engine {asked!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
     if asked != "auto":
         return asked, "--grpc-engine " + asked
-    if tls:
-        return "grpcio", "auto: this listener serves TLS, which the native engine does not"
-    if not _native_importable():
-        return "grpcio", "auto: pygrpc-native is not installed"
-    return "native", "auto: no TLS on this listener"
+    return "loop", "auto"
 
 
 def make_server(engine: str, options: list[tuple[str, Any]],
