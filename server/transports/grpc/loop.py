@@ -481,6 +481,8 @@ class _Call:
             raise asyncio.CancelledError()
         self.send_headers()
         await self.conn.send_data(self, _PREFIX.pack(0, len(body)) + body)
+        if self.handler.response_streaming:  # each message of a stream goes now; a unary reply with its trailers
+            self.conn.flush()
 
     def finish(self, code: grpc.StatusCode, details: str, trailing: Iterable[tuple[str, Any]]) -> None:
         """Trailers (with the headers, if none went out: trailers-only), and the stream is done."""
@@ -497,6 +499,7 @@ class _Call:
         if not self.remote_done:  # answered before the request ended: the client may stop sending
             out += frame(RST_STREAM, 0, self.sid, _U32.pack(NO_ERROR))
         self.conn.write(out)
+        self.conn.flush()  # the reply is whole: sent now, not a turn of the loop later
 
     def refuse(self, code: grpc.StatusCode, details: str) -> None:
         """End the call from here (not its handler's): a limit, a bad message, a deadline before the start."""
@@ -593,6 +596,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._frames(data)
+            self.flush()  # what reading these frames wrote (SETTINGS and PING acknowledgements, refusals, ...)
         except _ConnectionError as exc:
             self.fail(exc.code, str(exc))
         except hpack.exceptions.OversizedHeaderListError:
@@ -604,9 +608,10 @@ class _Connection(asyncio.Protocol):
             self.fail(INTERNAL_ERROR, "internal error")
 
     def write(self, data: bytes | memoryview) -> None:
-        """Queue ``data`` to be sent with everything else written in this turn of the loop: a unary reply's
-        HEADERS, DATA and trailers, and the replies of other calls that completed meanwhile, go out in one
-        send (one TLS record) instead of one each."""
+        """Queue ``data``; :meth:`flush` sends what is queued in one send (one TLS record): a unary reply's
+        HEADERS, DATA and trailers when the call finishes, a stream's message when it is written, what reading
+        a batch of frames wrote when the batch is read, and anything else at the next turn of the loop. A
+        reply is never held for a turn: under load a turn of the loop takes milliseconds."""
         if not self.closed and self.transport is not None:
             if not self.out:
                 self.loop.call_soon(self.flush)
