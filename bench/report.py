@@ -142,7 +142,7 @@ def targets(run: Run) -> list[Target]:
         out.append(Target(case, f"{_per_s(a)} vs {_per_s(b)} {against}", f">= {goal} x", v,
                           None if v is None else v >= goal))
 
-    # The gRPC rows once per engine measured (grpcio: the default server; native: --grpc-engine native).
+    # The gRPC rows once per engine measured (grpcio: the ovserve rows; native, loop: --grpc-engine E).
     engines = [(e, srv) for e, srv in GRPC_ENGINES.items()
                if any(r.server == srv and r.protocol == "grpc" for r in rows)]
     engines = engines or [("grpcio", "ovserve")]
