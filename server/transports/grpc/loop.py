@@ -64,7 +64,7 @@ LOCAL_MAX_FRAME = (1 << 24) - 1
 MAX_STREAMS = 1024
 #: the most header bytes (HPACK-decoded, RFC 9113 sizes) a request may send: grpcio's hard limit
 MAX_HEADER_LIST = 16 << 10
-#: bytes queued in one turn of the loop past which they are sent at once
+#: bytes queued past which they are sent at once (see _Connection.write)
 FLUSH_AT = 64 << 10
 
 _FRAME = struct.Struct(">BHBBI")
@@ -535,7 +535,7 @@ class _Connection(asyncio.Protocol):
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.closed = False
         self._auth: dict[str, list[bytes]] | None = None
-        #: frames written in this turn of the loop, sent together by :meth:`flush` at the next turn
+        #: frames queued, sent together by :meth:`flush` (see :meth:`write`)
         self.out: list[bytes | memoryview] = []
         self.out_bytes = 0
 
@@ -878,6 +878,7 @@ class _Connection(asyncio.Protocol):
                 raise asyncio.CancelledError()
             room = min(self.send_window, call.window, self.peer_max_frame, len(view))
             if room <= 0:
+                self.flush()  # what fitted goes now: the client gives window back for what it has read
                 self.window_open.clear()
                 await self.window_open.wait()
                 continue
