@@ -84,9 +84,8 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     add(net, "--grpc-port", port, defaults.grpc_port,
         "KServe V2 gRPC port; 0 picks a free port (logged); off: no gRPC", aliases=names("--grpc-port"))
     add(net, "--grpc-engine", str, defaults.grpc_engine,
-        "gRPC server: auto (native on a listener without TLS, grpcio on one with TLS), grpcio (grpc.aio), "
-        "native (pygrpc-native: HTTP/2 outside the GIL, about half the server CPU per small call; no TLS) "
-        "or loop (ovserve's own HTTP/2 on the event loop: no thread hand-offs per call)",
+        "gRPC server: auto (loop, on every listener), loop (ovserve's own HTTP/2 on the event loop: no thread "
+        "hand-offs per call), grpcio (grpc.aio) or native (pygrpc-native: HTTP/2 outside the GIL; no TLS)",
         aliases=names("--grpc-engine"), choices=list(GRPC_ENGINE_CHOICES))
     add(net, "--max-request-bytes", int, defaults.max_request_bytes, "largest request accepted, REST and gRPC",
         aliases=names("--max-request-bytes"))

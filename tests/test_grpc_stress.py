@@ -1,6 +1,6 @@
-"""Both gRPC engines under the conditions a deployment meets: the evidence for serving on either.
+"""Every gRPC engine under the conditions a deployment meets: the evidence for serving on any.
 
-Each test runs once per engine (``--grpc-engine grpcio`` and ``native``), against a real server
+Each test runs once per engine (``--grpc-engine grpcio``, ``native`` and ``loop``), against a real server
 with real grpcio clients on 127.0.0.1, in bounded loops:
 
 - SIGTERM under load (16 closed loops of small calls, a few 4 MB replies in flight): every call

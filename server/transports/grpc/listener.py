@@ -119,10 +119,10 @@ def _native_importable() -> bool:
     return True
 
 
-def choose_engine(asked: str, tls: bool) -> tuple[str, str]:
-    """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``; ``tls``, whether the
-    listener serves TLS. ``auto`` takes loop, with TLS or without (it needs no optional package); an
-    explicit engine is taken as it is (native with TLS then refuses at bind)."""
+def choose_engine(asked: str) -> tuple[str, str]:
+    """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``. ``auto`` takes loop, with TLS
+    or without (it needs no optional package); an explicit engine is taken as it is (native with TLS
+    then refuses at bind)."""
     if asked not in GRPC_ENGINE_CHOICES:
         raise InvalidInput(f"unknown gRPC engine {asked!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
     if asked != "auto":
@@ -175,7 +175,7 @@ def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
 class GrpcListener:
     """``name`` (the key of the bound-ports map, e.g. ``grpc``) serving ``services`` on one port.
 
-    The server itself is made at :meth:`bind`, once the listener's TLS (which decides ``auto``) is known.
+    The server itself is made at :meth:`bind`, where the listener's TLS is known.
     The native engine's I/O threads follow the CPUs the process may use, the cgroup quota counted
     (:func:`native_io_threads`); every listener (model server, transformer, explainer) reads the same budget."""
 
@@ -221,7 +221,7 @@ class GrpcListener:
 
     def bind(self, host: str, port: int, tls: ServerTls | None = None) -> int:
         """Bind ``host:port`` (0: a free port), with TLS when ``tls`` is given; the bound port."""
-        engine, self.reason = choose_engine(self.asked, tls is not None)
+        engine, self.reason = choose_engine(self.asked)
         self._build(engine)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
