@@ -30,7 +30,7 @@ from ovserve.common.codecs.tensors import (
     to_raw,
 )
 from ovserve.common.errors import PUSHBACK_METADATA, RETRY_AFTER_METADATA, InvalidInput
-from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
+from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb, typed_array
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 
@@ -114,7 +114,9 @@ def _tensors(items: Any, raw: Sequence[bytes], what: str) -> list[Tensor]:
             data = from_raw(where, datatype, shape, buffer)
         else:
             field = CONTENTS_FIELD.get(datatype)
-            values = list(getattr(t.contents, field)) if field else []
+            values = typed_array(t.contents, datatype)  # FP32/FP64/BOOL: their bytes, not a float each
+            if values is None:
+                values = list(getattr(t.contents, field)) if field else []
             data = from_values(where, datatype, shape, values, typed=True)
         out.append(Tensor(t.name, datatype, shape, data, params))
     return out

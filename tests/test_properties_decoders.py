@@ -564,3 +564,55 @@ def test_grpc_pb_tensors_round_trip(inputs: list, typed: bool) -> None:
     for got, (datatype, shape, values) in zip(request.inputs, inputs):
         assert (got.datatype, got.shape) == (datatype, shape)
         assert_tensor(got.data, datatype, shape, values)
+
+
+@in_child_only
+@FAST
+@given(tensor=tensors([d for d in DATATYPES if d not in ("FP16", "BF16")]), fortran=st.booleans())
+@example(tensor=("FP32", (4,), [float("nan"), -0.0, float("inf"), 1e-45]), fortran=False)
+@example(tensor=("FP64", (2, 3), [0.5, 1.0, 2.0, 3.0, 4.0, 5.0]), fortran=True)
+def test_grpc_pb_typed_replies_are_the_values_a_python_list_makes(tensor: tuple, fortran: bool) -> None:
+    """A typed reply's contents (FP32/FP64/BOOL from the array's bytes, the rest through Python values) serialize
+    exactly as the field extended with the array's values one by one, whatever the array's memory order."""
+    from ovserve.common.proto import grpc_predict_v2_pb2 as pb
+    from ovserve.common.proto.fields import CONTENTS_FIELD, extend_typed
+
+    datatype, shape, values = tensor
+    array = expected_array(datatype, shape, values)
+    if fortran:
+        array = np.asfortranarray(array)
+    got, want = pb.InferTensorContents(), pb.InferTensorContents()
+    extend_typed(got, datatype, array)
+    flat = array.reshape(-1).tolist()
+    getattr(want, CONTENTS_FIELD[datatype]).extend(flat)
+    assert got.SerializeToString() == want.SerializeToString()
+    assert len(getattr(got, CONTENTS_FIELD[datatype])) == len(flat)
+
+
+@in_child_only
+@FAST
+@given(fields=st.fixed_dictionaries({}, optional={
+    "bool_contents": st.lists(st.booleans(), max_size=5),
+    "int_contents": st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3),
+    "uint64_contents": st.lists(st.integers(0, 2**64 - 1), max_size=3),
+    "fp32_contents": st.lists(st.floats(width=32), max_size=300),
+    "fp64_contents": st.lists(st.floats(), max_size=5),
+    "bytes_contents": st.lists(st.binary(max_size=200), max_size=3)}),
+    # fields of numbers this version does not know: a varint, a fixed32, bytes, a fixed64
+    unknown=st.sampled_from([b"", b"\x48\x05", b"\x55\x01\x02\x03\x04", b"\x5a\x02ab", b"\x49" + bytes(8)]))
+@example(fields={"fp32_contents": [float("nan"), -0.0, 1e-45]}, unknown=b"")
+def test_grpc_pb_typed_arrays_are_the_fields_values(fields: dict, unknown: bytes) -> None:
+    """``typed_array`` (the packed bytes of FP32/FP64/BOOL read as an array) gives exactly the field's values,
+    whatever else the message holds: other fields, large ones, and fields this version does not know."""
+    from ovserve.common.proto import grpc_predict_v2_pb2 as pb
+    from ovserve.common.proto.fields import CONTENTS_FIELD, typed_array
+
+    contents = pb.InferTensorContents.FromString(pb.InferTensorContents(**fields).SerializeToString() + unknown)
+    for datatype, field in CONTENTS_FIELD.items():
+        got = typed_array(contents, datatype)
+        if datatype not in ("FP32", "FP64", "BOOL"):
+            assert got is None
+            continue
+        want = np.array(list(getattr(contents, field)), dtype=V2_TO_NUMPY[datatype])
+        assert got is not None and got.dtype == want.dtype
+        assert got.tobytes() == want.tobytes()  # NaN and -0.0 too

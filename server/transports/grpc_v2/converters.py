@@ -4,7 +4,7 @@ from __future__ import annotations
 from ovserve.common.codecs.datatypes import numpy_dtype
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
-from ovserve.common.proto.fields import CONTENTS_FIELD, params_from_pb, params_to_pb
+from ovserve.common.proto.fields import CONTENTS_FIELD, extend_typed, params_from_pb, params_to_pb, typed_array
 
 from ...errors import InvalidInput
 from ...types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
@@ -34,7 +34,10 @@ def request_from_pb(msg: pb.ModelInferRequest) -> InferRequest:
             # from_values does the casting, so that a value out of the datatype's
             # range (300 in int_contents for INT8) is a clear InvalidInput; the
             # field's own type already rules out what JSON could hold (null, strings).
-            array = from_values(where, inp.datatype, shape, list(getattr(inp.contents, field)), typed=True)
+            values = typed_array(inp.contents, inp.datatype)  # FP32/FP64/BOOL: their bytes, not a float each
+            if values is None:
+                values = list(getattr(inp.contents, field))
+            array = from_values(where, inp.datatype, shape, values, typed=True)
         inputs.append(Tensor(inp.name, inp.datatype, shape, array, params_from_pb(inp.parameters)))
     outputs = [RequestedOutput(o.name, params_from_pb(o.parameters)) for o in msg.outputs]
     return InferRequest(
@@ -63,12 +66,7 @@ def response_to_pb(resp: InferResponse, typed: bool) -> pb.ModelInferResponse:
         if params:
             params_to_pb(tensor.parameters, params)
         if typed:
-            flat = t.data.reshape(-1)
-            field = getattr(tensor.contents, CONTENTS_FIELD[t.datatype])
-            if t.datatype == "BYTES":
-                field.extend([bytes(v) if not isinstance(v, str) else v.encode() for v in flat])
-            else:
-                field.extend(flat.tolist())
+            extend_typed(tensor.contents, t.datatype, t.data)
         else:
             out.raw_output_contents.append(to_raw(t.data, t.datatype))
     return out
