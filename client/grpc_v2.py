@@ -114,7 +114,7 @@ def _tensors(items: Any, raw: Sequence[bytes], what: str) -> list[Tensor]:
             data = from_raw(where, datatype, shape, buffer)
         else:
             field = CONTENTS_FIELD.get(datatype)
-            values = typed_array(t.contents, datatype)  # FP32/FP64/BOOL: their bytes, not a float each
+            values: Any = typed_array(t.contents, datatype)  # FP32/FP64/BOOL: their bytes, not a float each
             if values is None:
                 values = list(getattr(t.contents, field)) if field else []
             data = from_values(where, datatype, shape, values, typed=True)

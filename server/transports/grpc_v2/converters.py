@@ -1,6 +1,8 @@
 """Protobuf <-> neutral types. Protobuf messages never leave this module and the servicer."""
 from __future__ import annotations
 
+from typing import Any
+
 from ovserve.common.codecs.datatypes import numpy_dtype
 from ovserve.common.codecs.tensors import check_shape, from_raw, from_values, reply_parameters, to_raw
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
@@ -34,7 +36,7 @@ def request_from_pb(msg: pb.ModelInferRequest) -> InferRequest:
             # from_values does the casting, so that a value out of the datatype's
             # range (300 in int_contents for INT8) is a clear InvalidInput; the
             # field's own type already rules out what JSON could hold (null, strings).
-            values = typed_array(inp.contents, inp.datatype)  # FP32/FP64/BOOL: their bytes, not a float each
+            values: Any = typed_array(inp.contents, inp.datatype)  # FP32/FP64/BOOL: their bytes, not a float each
             if values is None:
                 values = list(getattr(inp.contents, field))
             array = from_values(where, inp.datatype, shape, values, typed=True)
