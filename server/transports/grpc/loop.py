@@ -29,6 +29,7 @@ import logging
 import socket
 import ssl
 import struct
+import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -66,6 +67,8 @@ MAX_STREAMS = 1024
 MAX_HEADER_LIST = 16 << 10
 #: bytes queued past which they are sent at once (see _Connection.write)
 FLUSH_AT = 64 << 10
+#: the longest a whole reply is held for the others its read started (see _Connection.data_received)
+HOLD_S = 0.001
 
 _FRAME = struct.Struct(">BHBBI")
 _PREFIX = struct.Struct(">BI")
@@ -267,6 +270,7 @@ class _Call:
         self.inbox = bytearray()
         self.messages: deque[tuple[bytes | memoryview, int]] = deque()  # (message, its bytes on the wire)
         self.arrived: asyncio.Event | None = None  # set when a message or the end arrives (streaming requests)
+        self.batch = 0  # the connection's read that started the handler (see _Connection.data_received)
         self.remote_done = False  # END_STREAM received
         self.reset = False  # RST_STREAM received, or the connection is gone
         self.finished = False  # trailers sent
@@ -387,6 +391,7 @@ class _Call:
 
     # -- the handler ---------------------------------------------------------------
     def start(self) -> None:
+        self.batch = self.conn.started = self.conn.reads  # calls start only while a read's frames are handled
         self.task = self.conn.loop.create_task(self.run())
 
     async def run(self) -> None:
@@ -498,8 +503,14 @@ class _Call:
         out = frame(HEADERS, END_HEADERS | END_STREAM, self.sid, b"".join(parts))
         if not self.remote_done:  # answered before the request ended: the client may stop sending
             out += frame(RST_STREAM, 0, self.sid, _U32.pack(NO_ERROR))
-        self.conn.write(out)
-        self.conn.flush()  # the reply is whole: sent now, not a turn of the loop later
+        conn = self.conn
+        conn.write(out)
+        if not self.batch or self.batch != conn.held:
+            conn.flush()  # the reply is whole: sent now, not a turn of the loop later
+        elif conn.held_since is None:  # it goes with the others its read started (_Connection.data_received)
+            conn.held_since = time.perf_counter()
+        elif time.perf_counter() - conn.held_since >= HOLD_S:  # those held go: the others take too long
+            conn.flush()
 
     def refuse(self, code: grpc.StatusCode, details: str) -> None:
         """End the call from here (not its handler's): a limit, a bad message, a deadline before the start."""
@@ -538,6 +549,11 @@ class _Connection(asyncio.Protocol):
         #: frames queued, sent together by :meth:`flush` (see :meth:`write`)
         self.out: list[bytes | memoryview] = []
         self.out_bytes = 0
+        #: reads so far (each a batch of frames), and the one whose calls' replies are held (0: none)
+        self.reads = 0
+        self.started = 0  # the last read that started a call's handler
+        self.held = 0
+        self.held_since: float | None = None  # when the oldest reply queued was held
 
     # -- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -594,8 +610,17 @@ class _Connection(asyncio.Protocol):
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
+        """A read's frames. The calls it completes start their handlers, which run in this order at the next
+        turn of the loop; their replies are held until each has run to its first wait (:meth:`_release`,
+        queued behind them now), so that the replies of calls that answer at once (a model inferred inline,
+        a refusal) leave in one send. Nothing else waits in between: what the loop had queued before runs
+        before the handlers, and what it queues after runs after the release."""
+        self.reads += 1
         try:
             self._frames(data)
+            if self.started == self.reads:  # this read started handlers
+                self.held = self.reads
+                self.loop.call_soon(self._release, self.reads)
             self.flush()  # what reading these frames wrote (SETTINGS and PING acknowledgements, refusals, ...)
         except _ConnectionError as exc:
             self.fail(exc.code, str(exc))
@@ -609,9 +634,11 @@ class _Connection(asyncio.Protocol):
 
     def write(self, data: bytes | memoryview) -> None:
         """Queue ``data``; :meth:`flush` sends what is queued in one send (one TLS record): a unary reply's
-        HEADERS, DATA and trailers when the call finishes, a stream's message when it is written, what reading
-        a batch of frames wrote when the batch is read, and anything else at the next turn of the loop. A
-        reply is never held for a turn: under load a turn of the loop takes milliseconds."""
+        HEADERS, DATA and trailers when the call finishes (or, for calls one read started that answer at once,
+        together once their handlers have each run to a wait, at most HOLD_S after the first: see
+        :meth:`data_received`), a stream's message when it is written, what reading a batch of frames wrote
+        when the batch is read, and anything else at the next turn of the loop. A reply is never held for the
+        rest of a turn: under load a turn of the loop takes milliseconds."""
         if not self.closed and self.transport is not None:
             if not self.out:
                 self.loop.call_soon(self.flush)
@@ -621,9 +648,15 @@ class _Connection(asyncio.Protocol):
                 self.flush()
 
     def flush(self) -> None:
-        out, self.out, self.out_bytes = self.out, [], 0
+        out, self.out, self.out_bytes, self.held_since = self.out, [], 0, None
         if out and not self.closed and self.transport is not None:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _release(self, read: int) -> None:
+        """The handlers ``read`` started have each run to their first wait: what they answered goes now."""
+        if self.held == read:
+            self.held = 0
+        self.flush()
 
     def fail(self, code: int, message: str) -> None:
         """A connection error: GOAWAY saying why, then the connection is closed."""

@@ -1,0 +1,155 @@
+"""When the ``loop`` gRPC engine sends what it has written (server/transports/grpc/loop.py), in process.
+
+One read of the socket can hold many requests (16 clients' calls on one HTTP/2 connection). Their handlers run
+one after the other at the next turn of the loop; the replies of those that answer at once (a model run inline,
+a refusal) are held until each handler has run to its first wait, and leave in one send, never for longer than
+``HOLD_S``; a reply that comes later (an inference that went to OpenVINO's threads) leaves when its call
+finishes. Driven here through a real :class:`_Connection` on a real event loop with a transport that records
+each ``write`` (one ``write`` is one send).
+"""
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Any
+
+import grpc
+import hpack
+import pytest
+
+from ovserve.server.transports.grpc import loop as engine
+
+DATA, HEADERS, SETTINGS = 0, 1, 4
+END_STREAM, END_HEADERS = 0x1, 0x4
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    n = len(payload)
+    return struct.pack(">BHBBI", n >> 16, n & 0xFFFF, kind, flags, sid) + payload
+
+
+class Transport(asyncio.Transport):
+    """Records each write: one write is one send on a socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def close(self) -> None:
+        pass
+
+
+def replies_in(data: bytes) -> list[int]:
+    """The streams whose trailers (HEADERS with END_STREAM) are in ``data``."""
+    out, pos = [], 0
+    while pos + 9 <= len(data):
+        n = int.from_bytes(data[pos:pos + 3], "big")
+        kind, flags, sid = data[pos + 3], data[pos + 4], int.from_bytes(data[pos + 5:pos + 9], "big")
+        if kind == HEADERS and flags & END_STREAM:
+            out.append(sid)
+        pos += 9 + n
+    return out
+
+
+def requests(streams: list[int], method: str) -> bytes:
+    """The calls of ``streams``, each a whole unary request, as one read."""
+    encoder, out = hpack.Encoder(), []
+    for sid in streams:
+        out.append(frame(HEADERS, END_HEADERS, sid, encoder.encode([
+            (":method", "POST"), (":scheme", "http"), (":path", f"/t.T/{method}"), (":authority", "x"),
+            ("content-type", "application/grpc"), ("te", "trailers")])))
+        out.append(frame(DATA, END_STREAM, sid, b"\x00\x00\x00\x00\x02hi"))
+    return b"".join(out)
+
+
+async def at_once(request: bytes, context: Any) -> bytes:
+    return request
+
+
+async def after_a_wait(request: bytes, context: Any) -> bytes:
+    await asyncio.sleep(0.002)  # as an inference on OpenVINO's threads: the reply comes at a later turn
+    return request
+
+
+async def slowly(request: bytes, context: Any) -> bytes:
+    until = time.perf_counter() + 0.0004  # 0.4 ms of the loop's time before answering, without a wait
+    while time.perf_counter() < until:
+        pass
+    return request
+
+
+HANDLERS = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in
+            (("AtOnce", at_once), ("AfterAWait", after_a_wait), ("Slowly", slowly))}
+
+
+async def serve(*reads: bytes, settle: float = 0.05) -> list[bytes]:
+    """Each of ``reads`` given to a fresh connection as one read (after its preface); what it sent, send by send."""
+    server = engine.LoopServer()
+    server.add_registered_method_handlers("t.T", HANDLERS)
+    conn = engine._Connection(server)
+    transport = Transport()
+    conn.connection_made(transport)
+    conn.data_received(PREFACE + frame(SETTINGS, 0, 0))
+    await asyncio.sleep(0.01)
+    transport.writes.clear()  # the server's SETTINGS and its acknowledgement
+    for data in reads:
+        conn.data_received(data)
+    await asyncio.sleep(settle)
+    conn.connection_lost(None)
+    return [w for w in transport.writes if replies_in(w)]
+
+
+def test_calls_of_one_read_that_answer_at_once_leave_in_one_send() -> None:
+    streams = list(range(1, 33, 2))  # 16 calls
+    sends = asyncio.run(serve(requests(streams, "AtOnce")))
+    assert [replies_in(s) for s in sends] == [streams]
+
+
+def test_replies_that_come_at_a_later_turn_are_not_held() -> None:
+    """Each leaves as its call finishes, as soon as it can (the wait ends for each at its own turn or together)."""
+    streams = list(range(1, 9, 2))
+    sends = asyncio.run(serve(requests(streams, "AfterAWait")))
+    assert sorted(sid for s in sends for sid in replies_in(s)) == streams
+    assert all(len(replies_in(s)) == 1 for s in sends), [replies_in(s) for s in sends]
+
+
+def test_a_held_reply_waits_at_most_hold_s() -> None:
+    """16 handlers of at least 0.4 ms each: the replies leave every HOLD_S (1 ms) or so, not all at the end.
+
+    A send holds the reply first held and those finished less than 1 ms after it, plus the one that finds it
+    older: at most 4 when each handler takes 0.4 ms or more (fewer if the thread is preempted meanwhile)."""
+    streams = list(range(1, 33, 2))
+    sends = asyncio.run(serve(requests(streams, "Slowly")))
+    got = [replies_in(s) for s in sends]
+    assert sorted(sid for sids in got for sid in sids) == streams
+    assert max(len(sids) for sids in got) <= 4, got
+    assert all(len(sids) >= 2 for sids in got[:-1]), got  # still together: two at least, but for the last
+
+
+def test_two_reads_each_send_their_own_replies() -> None:
+    """A second read before the first's handlers ran: every reply still leaves, none is stranded."""
+    first, second = [1, 3, 5], [7, 9]
+    sends = asyncio.run(serve(requests(first, "AtOnce"), requests(second, "AtOnce")))
+    assert sorted(sid for s in sends for sid in replies_in(s)) == first + second
+
+
+@pytest.mark.parametrize("method", ["AtOnce", "Slowly"])
+def test_without_holding_each_reply_is_its_own_send(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """The premise: with nothing held (as before), the same read gives one send per reply."""
+    monkeypatch.setattr(engine._Connection, "_release", lambda self, read: self.flush())
+    monkeypatch.setattr(engine._Call, "start", _start_without_batch)
+    streams = list(range(1, 17, 2))
+    sends = asyncio.run(serve(requests(streams, method)))
+    assert [replies_in(s) for s in sends] == [[sid] for sid in streams]
+
+
+def _start_without_batch(self: Any) -> None:
+    self.task = self.conn.loop.create_task(self.run())
