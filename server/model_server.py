@@ -5,7 +5,6 @@ images decoded to the model's layout), runs it, and answers in neutral types.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -20,6 +19,7 @@ from ovserve.common.codecs.tensors import encoding_parameters
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
 from .errors import InvalidInput, ServerError, Unavailable
+from .handoff import Handoff
 from .repository.manager import ModelManager, ModelVersion
 from .repository.states import State
 from .runtime.memory import release_free_memory
@@ -65,7 +65,8 @@ class ModelServer(DataPlane):
         #: TorchServe's handlers and model management, over the same models
         self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work,
                                         max_queued_requests=max_queued_requests)
-        # OpenCV releases the GIL: the images of a batch decode in parallel, off the loop.
+        # OpenCV releases the GIL: requests' images decode off the loop, a batch's images in parallel.
+        self._decode_requests = Handoff(os.cpu_count() or 2, "ovserve-images")
         self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")
 
     # -- lifecycle ------------------------------------------------------------
@@ -78,6 +79,7 @@ class ModelServer(DataPlane):
     async def stop(self) -> None:
         await self.handlers.close()
         await self.manager.stop()
+        self._decode_requests.close()
 
     # -- health and metadata ----------------------------------------------
     def server_ready(self) -> bool:
@@ -228,10 +230,9 @@ class ModelServer(DataPlane):
                 for name, served in self.manager.models.items() for v, mv in sorted(served.versions.items())]
 
     async def _decode(self, feed: dict[str, Any], images: list[tuple[Tensor, PortInfo]]) -> None:
-        loop = asyncio.get_running_loop()
         for tensor, port in images:
-            feed[port.name] = await loop.run_in_executor(
-                None, decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
+            feed[port.name] = await self._decode_requests.run(
+                decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
                 port.dims, port.layout, V2_TO_NUMPY[port.datatype], self._decoders,
             )
 
