@@ -153,3 +153,57 @@ def test_without_holding_each_reply_is_its_own_send(monkeypatch: pytest.MonkeyPa
 
 def _start_without_batch(self: Any) -> None:
     self.task = self.conn.loop.create_task(self.run())
+
+
+# -- the header blocks a connection remembers ------------------------------------------------------------------
+def _named(name: bytes) -> Any:
+    async def answer(request: bytes, context: Any) -> bytes:
+        return name
+    return grpc.unary_unary_rpc_method_handler(answer)
+
+
+def _literal(index: int, value: bytes, indexed: bool) -> bytes:
+    """A field whose name is static entry ``index`` (< 15), with incremental indexing or without."""
+    return bytes([(0x40 | index) if indexed else index]) + bytes([len(value)]) + value
+
+
+def _block(path: bytes | None, indexed: bool = True) -> bytes:
+    """POST, http, then the path as a new literal (indexed: it becomes dynamic entry 62) or, with None, as a
+    reference to dynamic entry 62; :authority and content-type as literals that are never indexed."""
+    field = b"\xbe" if path is None else _literal(4, path, indexed)
+    return b"\x83\x86" + field + _literal(1, b"x", False) + b"\x0f\x10\x10application/grpc"
+
+
+def _answers(blocks: list[bytes]) -> dict[int, bytes]:
+    server = engine.LoopServer()
+    server.add_registered_method_handlers("t.T", {"A": _named(b"A"), "B": _named(b"B")})
+
+    async def main() -> dict[int, bytes]:
+        conn = engine._Connection(server)
+        transport = Transport()
+        conn.connection_made(transport)
+        conn.data_received(PREFACE + frame(SETTINGS, 0, 0))
+        for i, block in enumerate(blocks):
+            sid = 2 * i + 1
+            conn.data_received(frame(HEADERS, END_HEADERS, sid, block) + frame(DATA, END_STREAM, sid, b"\0" * 5))
+            await asyncio.sleep(0.005)
+        conn.connection_lost(None)
+        out, data = {}, b"".join(transport.writes)
+        pos = 0
+        while pos + 9 <= len(data):
+            n = int.from_bytes(data[pos:pos + 3], "big")
+            kind, sid = data[pos + 3], int.from_bytes(data[pos + 5:pos + 9], "big")
+            if kind == DATA:
+                out[sid] = data[pos + 9 + 5:pos + 9 + n]
+            pos += 9 + n
+        return out
+
+    return asyncio.run(main())
+
+
+def test_a_remembered_header_block_follows_the_hpack_table() -> None:
+    """The same bytes (a reference to dynamic entry 62) name /t.T/A, then, once a block put /t.T/B at 62, /t.T/B:
+    a block is answered from memory only while the table is as it was when it was decoded."""
+    ref = _block(None)
+    got = _answers([_block(b"/t.T/A"), ref, ref, _block(b"/t.T/B"), ref, ref, _block(b"/t.T/A", indexed=False), ref])
+    assert got == {1: b"A", 3: b"A", 5: b"A", 7: b"B", 9: b"B", 11: b"B", 13: b"A", 15: b"B"}
