@@ -76,11 +76,15 @@ async def explain(request: Request) -> Response:
     return explanation_response(request, e) or json_response(v1_explanation(e))
 
 
+def inference_routes() -> list[Route]:
+    return [Route("/v1/models/{model}:predict", predict, methods=["POST"])]
+
+
 def routes() -> list[Route]:
+    """Every route but :func:`inference_routes`."""
     return [
         Route("/", live, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model}", model_status, methods=["GET"]),
-        Route("/v1/models/{model}:predict", predict, methods=["POST"]),
         Route("/v1/models/{model}:explain", explain, methods=["POST"]),
     ]

@@ -109,9 +109,16 @@ async def repository_unload(request: Request) -> Response:
     return json_response({})
 
 
+M, MV = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
+
+
+def inference_routes() -> list[Route]:
+    return [Route(M + "/infer", infer, methods=["POST"]), Route(MV + "/infer", infer, methods=["POST"])]
+
+
 def routes() -> list[Route]:
-    m = "/v2/models/{model}"
-    mv = "/v2/models/{model}/versions/{version}"
+    """Every route but :func:`inference_routes`."""
+    m, mv = M, MV
     return [
         Route("/v2", server_metadata, methods=["GET"]),
         Route("/v2/health/live", live, methods=["GET"]),
@@ -121,8 +128,6 @@ def routes() -> list[Route]:
         Route(mv, model_metadata, methods=["GET"]),
         Route(m + "/ready", model_ready, methods=["GET"]),
         Route(mv + "/ready", model_ready, methods=["GET"]),
-        Route(m + "/infer", infer, methods=["POST"]),
-        Route(mv + "/infer", infer, methods=["POST"]),
         Route(m + "/explain", explain, methods=["POST"]),
         Route("/v2/repository/index", repository_index, methods=["POST"]),
         Route("/v2/repository/models/{model}/load", repository_load, methods=["POST"]),
