@@ -30,6 +30,13 @@ def check_shape(shape: Sequence[Any], where: str) -> tuple[int, ...]:
             f"{where}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are supported "
             f"(OpenVINO's CPU plugin compiles no model of higher rank)"
         )
+    dims = tuple(shape)
+    if set(map(type, dims)) == {int}:  # protobuf's int64s, most JSON: at once (~1 us, ~4 us below)
+        if min(dims) < 0:
+            raise InvalidInput(f"{where}: shape {list(dims)} has a negative dimension")
+        if math.prod(dims) > MAX_ELEMENTS:
+            raise InvalidInput(f"{where}: shape {list(dims)} declares too many elements")
+        return dims
     try:
         dims = tuple(int(d) for d in shape)
         if any(isinstance(d, bool) or int(d) != d for d in shape):

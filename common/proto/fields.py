@@ -115,6 +115,8 @@ def typed_array(contents: Any, datatype: str) -> np.ndarray | None:
 
 def params_from_pb(params: Any) -> dict[str, Any]:
     """A ``map<string, InferParameter>`` as a dict of its set values."""
+    if not params:
+        return {}
     out = {}
     for key, p in params.items():
         which = p.WhichOneof("parameter_choice")

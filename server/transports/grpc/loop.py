@@ -112,6 +112,10 @@ def literal(name: bytes, value: bytes) -> bytes:
 RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_length(16) + b"application/grpc"
 
 
+#: each status's grpc-status field
+_STATUS = {code: literal(b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+
+
 def percent_encode(message: str) -> bytes:
     raw = message.encode()
     if all(b in _PLAIN for b in raw):
@@ -135,6 +139,8 @@ def _metadata_value(key: str, value: Any) -> bytes:
 
 
 def _metadata_block(metadata: Iterable[tuple[str, Any]]) -> bytes:
+    if not metadata:  # most calls (an empty list or tuple)
+        return b""
     return b"".join(literal(k.lower().encode(), _metadata_value(k.lower(), v)) for k, v in metadata)
 
 
@@ -498,7 +504,7 @@ class _Call:
         self.finished = True
         parts = [] if self.headers_sent else [RESPONSE_HEADERS]
         self.headers_sent = True
-        parts.append(literal(b"grpc-status", str(code.value[0]).encode()))
+        parts.append(_STATUS[code])
         if details:
             parts.append(literal(b"grpc-message", percent_encode(details)))
         parts.append(_metadata_block(trailing))
