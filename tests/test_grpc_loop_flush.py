@@ -207,3 +207,60 @@ def test_a_remembered_header_block_follows_the_hpack_table() -> None:
     ref = _block(None)
     got = _answers([_block(b"/t.T/A"), ref, ref, _block(b"/t.T/B"), ref, ref, _block(b"/t.T/A", indexed=False), ref])
     assert got == {1: b"A", 3: b"A", 5: b"A", 7: b"B", 9: b"B", 11: b"B", 13: b"A", 15: b"B"}
+
+
+# -- frames cut anywhere by the reads ----------------------------------------------------------------------------
+def _echo_calls(bodies: list[bytes]) -> bytes:
+    encoder, out = hpack.Encoder(), []
+    for i, body in enumerate(bodies):
+        sid = 2 * i + 1
+        out.append(frame(HEADERS, END_HEADERS, sid, encoder.encode([
+            (":method", "POST"), (":scheme", "http"), (":path", "/t.T/AtOnce"), (":authority", "x"),
+            ("content-type", "application/grpc")])))
+        out.append(frame(DATA, END_STREAM, sid, struct.pack(">BI", 0, len(body)) + body))
+    return b"".join(out)
+
+
+def _echoed(reads: list[bytes]) -> dict[int, bytes]:
+    async def main() -> dict[int, bytes]:
+        server = engine.LoopServer()
+        server.add_registered_method_handlers("t.T", HANDLERS)
+        conn = engine._Connection(server)
+        transport = Transport()
+        conn.connection_made(transport)
+        # windows for the echoes (the second is larger than HTTP/2's default 65,535 bytes)
+        conn.data_received(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 1 << 24))
+                           + frame(8, 0, 0, struct.pack(">I", 1 << 24)))
+        for data in reads:
+            conn.data_received(data)
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.02)
+        conn.connection_lost(None)
+        out: dict[int, bytes] = {}
+        data, pos = b"".join(transport.writes), 0
+        while pos + 9 <= len(data):
+            n = int.from_bytes(data[pos:pos + 3], "big")
+            if data[pos + 3] == DATA:
+                sid = int.from_bytes(data[pos + 5:pos + 9], "big")
+                out[sid] = out.get(sid, b"") + data[pos + 9:pos + 9 + n]
+            pos += 9 + n
+        return {sid: body[5:] for sid, body in out.items()}
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("cut", ["whole", "1 byte", "7 bytes", "4 KiB", "after the first frame", "mid-header"])
+def test_requests_are_read_whole_however_the_reads_cut_them(cut: str) -> None:
+    """Three requests (the second larger than any read here) in reads cut at every kind of place: each read's
+    own bytes, what a read left over, and a buffer that holds exactly one frame are all read as sent."""
+    bodies = [b"a" * 10, bytes(range(256)) * 300, b"c" * 3]
+    stream = _echo_calls(bodies)
+    size = {"whole": len(stream), "1 byte": 1, "7 bytes": 7, "4 KiB": 4096}.get(cut)
+    if size is not None:
+        reads = [stream[i:i + size] for i in range(0, len(stream), size)]
+    else:
+        first = 9 + int.from_bytes(stream[:3], "big")  # the first HEADERS frame
+        at = first if cut == "after the first frame" else first + 4
+        second = at + 9 + int.from_bytes(stream[at:at + 3], "big") if cut == "after the first frame" else at + 40
+        reads = [stream[:at], stream[at:second], stream[second:]]
+    assert _echoed(reads) == {1: bodies[0], 3: bodies[1], 5: bodies[2]}
