@@ -67,8 +67,9 @@ MAX_STREAMS = 1024
 MAX_HEADER_LIST = 16 << 10
 #: bytes queued past which they are sent at once (see _Connection.write)
 FLUSH_AT = 64 << 10
-#: header blocks a connection remembers (see _Connection._decode)
-MAX_BLOCKS = 32
+#: header blocks a connection remembers, and the longest remembered (see _Connection._decode): a block of
+#: references is tens of bytes
+MAX_BLOCKS, MAX_BLOCK = 32, 1024
 #: the longest a whole reply is held for the others its read started (see _Connection.data_received)
 HOLD_S = 0.001
 
@@ -870,7 +871,7 @@ class _Connection(asyncio.Protocol):
         decoded = headers, dict(headers)
         entries = table.dynamic_entries
         if len(entries) == count and (entries[0] if entries else None) is newest and table.maxsize == size:
-            if len(self.blocks) < MAX_BLOCKS:
+            if len(self.blocks) < MAX_BLOCKS and len(block) <= MAX_BLOCK:
                 self.blocks[block] = decoded
         else:  # the table changed: what was known decodes differently now
             self.blocks.clear()
