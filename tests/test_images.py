@@ -43,6 +43,14 @@ def test_nchw_gets_the_transpose() -> None:
     assert [int(out[0, c, 0, 0]) for c in range(3)] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("layout,model", [("NHWC", (1, 8, 8, 3)), ("NCHW", (1, 3, 8, 8))])
+def test_one_image_is_a_contiguous_writeable_array_the_model_can_read_in_place(layout: str, model: tuple) -> None:
+    # the runtime shares a writeable C-contiguous input with OpenVINO and copies anything else once more
+    out = decode_images("x", [encode(solid(4, 6, (7, 8, 9)))], dims(*model), layout, np.dtype(np.uint8))
+    assert out.shape == model and out.flags.c_contiguous and out.flags.writeable
+    assert int(out.reshape(-1)[0]) in (7, 8, 9)
+
+
 def test_grayscale_model_gets_a_grayscale_decode() -> None:
     out = decode_images("x", [encode(solid(5, 5, (90, 90, 90)))], dims(1, 7, 7, 1), "NHWC", np.dtype(np.uint8))
     assert out.shape == (1, 7, 7, 1)

@@ -149,7 +149,9 @@ def decode_images(
                     f"{where}: the model has dynamic height/width, so all images of a batch must share a size; got "
                     + ", ".join(f"image {i}: {im.shape[1]}x{im.shape[0]}" for i, im in enumerate(images))
                 )
-    batch = np.stack(images)
+    # One image (the photo path): a view with the batch axis added, not np.stack's copy of it. The decoded
+    # array is this request's alone, so the model may read it in place.
+    batch = images[0][None] if len(images) == 1 else np.stack(images)
     if layout == "NCHW":
         batch = batch.transpose(0, 3, 1, 2)
     return np.ascontiguousarray(batch, dtype=dtype)
