@@ -105,7 +105,7 @@ def build(names: list[str], tmp: Path, setup: Setup) -> dict[str, Path]:
             from ovserve.server.zoo.mobilenet_v2 import write_classifier
 
             try:
-                write_classifier(repo, name)
+                models.with_servers_precision(name, write_classifier(repo, name) / "model.xml")
             except FetchError as exc:
                 setup.skipped[name] = f"its weights cannot be had ({exc})"
                 continue

@@ -103,12 +103,28 @@ def build_repository(repo: Path, mobilenet: bool = True) -> dict[str, Path]:
             paths["mobilenet_v2"] = write_classifier(repo, "mobilenet_v2") / "model.xml"
         except FetchError as exc:
             log.warning("skipping mobilenet_v2: %s", exc)
+    for name, path in paths.items():
+        with_servers_precision(name, path)
     return paths
+
+
+def with_servers_precision(name: str, path: Path) -> None:
+    """The precision the server would choose for ``name`` here, written into its spec's properties, so that raw
+    OpenVINO, the peers and ovserve compile the same model (on a CPU with bf16 but no AMX the server compiles a
+    compute-bound model in f32: server/runtime/untuned.py). Nothing where the spec names a precision already."""
+    from ovserve.server.runtime import untuned
+    from ovserve.server.runtime.openvino import bf16_without_amx, core
+
+    config = spec_of(name).plugin_config
+    if untuned.precision_untuned(config) and bf16_without_amx():
+        config.update(untuned.choose_precision(untuned.work_of(core().read_model(str(path)))).properties)
 
 
 def build_small_classifier(repo: Path) -> Path:
     """Write ``small_classifier`` into the repository; returns its model.xml."""
-    return _save(small_classifier_model(), Path(repo), "small_classifier")
+    path = _save(small_classifier_model(), Path(repo), "small_classifier")
+    with_servers_precision("small_classifier", path)
+    return path
 
 
 def write_config(folder: Path, names: list[str], repo: Path | None = None) -> Path:

@@ -208,6 +208,7 @@ def main(argv: list[str]) -> int:
         except FetchError as exc:
             print(f"the real MobileNetV2 cannot be had ({exc}): nothing to measure", file=sys.stderr)
             return 2
+        models.with_servers_precision(MODEL, model_path)
         image, what = soak.test_image(tmp)
         config = models.write_config(tmp / "config", [MODEL], repo=tmp / "repo")
         if args.wait_quiet > 0:

@@ -122,3 +122,17 @@ def cgroup_cpu_quota(root: Path, proc_cgroup: Path) -> float | None:
 def cpu_budget() -> CpuBudget:
     """The CPUs this process may run on and the CPU time it may use there."""
     return CpuBudget(len(os.sched_getaffinity(0)), cgroup_cpu_quota(CGROUP_ROOT, PROC_SELF_CGROUP))
+
+
+CPUINFO = Path("/proc/cpuinfo")
+#: the CPU flags that say the processor has AMX, whose tile units make bf16 fast (see runtime/untuned.py)
+AMX_FLAGS = frozenset({"amx_bf16", "amx_tile"})
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The instruction-set flags of the first processor in ``/proc/cpuinfo`` (empty where it cannot be read)."""
+    for line in (_read(cpuinfo) or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()

@@ -48,6 +48,21 @@ def core() -> ov.Core:
     return _core
 
 
+_bf16_without_amx: bool | None = None
+
+
+def bf16_without_amx() -> bool:
+    """Whether OpenVINO's CPU device would infer in bf16 here without AMX behind it (read once; untuned.py)."""
+    global _bf16_without_amx
+    if _bf16_without_amx is None:
+        try:
+            capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        except Exception:  # no CPU device: nothing to choose
+            capabilities = []
+        _bf16_without_amx = untuned.bf16_without_amx(capabilities, cpus.cpu_flags())
+    return _bf16_without_amx
+
+
 @dataclass(slots=True)
 class LoadOptions:
     """What config.json may say about how to compile a model."""
@@ -418,8 +433,14 @@ class OpenVINOModel:
                   for k, v in opts.plugin_config.items()}
         if opts.device == "CPU":
             budget = cpus.cpu_budget()  # the affinity mask and the cgroup files, read once for both choices
-            if untuned.untuned(config):
-                self._choose_untuned(model, config, budget)
+            hint_free = untuned.untuned(config)
+            precision_free = untuned.precision_untuned(config) and bf16_without_amx()
+            if hint_free or precision_free:
+                work = untuned.work_of(model, max(opts.max_batch_size, 1))
+                if hint_free:
+                    self._choose_untuned(work, config, budget)
+                if precision_free:
+                    self._choose_precision(work, config)
             if "INFERENCE_NUM_THREADS" not in config:
                 self._fit_threads_to_quota(config, budget)
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
@@ -430,14 +451,21 @@ class OpenVINOModel:
         self.compile_seconds = time.perf_counter() - started
         return compiled
 
-    def _choose_untuned(self, model: ov.Model, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
+    def _choose_untuned(self, work: untuned.Work | None, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """Properties for a model the user did not tune, from its work and the CPUs (see untuned.py)."""
-        work = untuned.work_of(model, max(self.options.max_batch_size, 1))
         choice = untuned.choose(work, budget.usable)
         config.update(choice.properties)
         log.info("%s: untuned: %s (%s; set PERFORMANCE_HINT, NUM_STREAMS or INFERENCE_NUM_THREADS in "
                  "plugin_config to choose)", self.path, ", ".join(f"{k} {v}" for k, v in choice.properties.items()),
                  choice.why)
+
+    def _choose_precision(self, work: untuned.Work | None, config: dict[str, Any]) -> None:
+        """The inference precision for a model whose user did not choose it, on a CPU whose bf16 has no AMX."""
+        choice = untuned.choose_precision(work)
+        config.update(choice.properties)
+        chosen = ", ".join(f"{k} {v}" for k, v in choice.properties.items()) or "OpenVINO's default, bf16"
+        log.info("%s: untuned precision: %s (%s; set INFERENCE_PRECISION_HINT in plugin_config to choose)",
+                 self.path, chosen, choice.why)
 
     def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""

@@ -22,18 +22,37 @@ output element. The batch dimension counts as the largest batch the model will r
 dimension (an image of any size, a sequence of any length) has no fixed work and keeps
 OpenVINO's defaults.
 
+**The precision.** On a CPU that has AVX512_BF16 but no AMX, OpenVINO infers in bf16 by
+default, and there a convolution network runs at about half its f32 speed (MobileNetV2
+0.58x, a stack of 3x3 convolutions 0.52x; docs/performance.md "bf16 without AMX"), while a
+MatMul whose weights are read once per inference (batch 1 of a fully connected layer) runs
+faster in bf16, its weights being half the bytes (1.41x). The line is the work per weight:
+FLOPs per weight element of the layers, at or above :data:`F32_FROM_FLOPS_PER_WEIGHT` the
+model is compute-bound and is compiled in f32 (exact, and faster); below it bf16 is kept.
+With AMX, or without bf16 at all, OpenVINO's own choice stands.
+
 A user's explicit setting always wins: any of :data:`TUNING_KEYS` in ``plugin_config``
-and nothing here applies. Only the CPU device is chosen for.
+and the hint and threads are left alone; any of :data:`PRECISION_KEYS`, and the precision.
+Only the CPU device is chosen for.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import openvino as ov
 
+from .. import cpus
+
 #: plugin_config keys that mean the user has tuned the model: none of the choices below apply.
 TUNING_KEYS = frozenset({"PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_NUM_THREADS"})
+#: plugin_config keys that choose the inference precision: the precision rule does not apply.
+PRECISION_KEYS = frozenset({"INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT"})
+#: Where bf16 has no AMX behind it, a model doing at least this many FLOPs per weight element of its layers is
+#: compiled in f32. A chain of 1024x1024 MatMuls measured bf16 over f32 1.41x at batch 1 (2 FLOPs per weight),
+#: 1.17x at 4 (8), 0.71x at 8 (16), 0.59x at 32 (64); MobileNetV2 (~175) 0.58x, 3x3 convolutions 0.52x.
+F32_FROM_FLOPS_PER_WEIGHT = 12.0
 #: An inference of less work than this takes microseconds on one core (~50 us at 20 GFLOP/s, inside the
 #: ~150 us under which the server runs it inline on its loop): one thread.
 TINY_FLOPS = 1e6
@@ -49,10 +68,12 @@ _FREE = frozenset({"Parameter", "Constant", "Result", "Convert", "ShapeOf", "Res
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """One inference's work: FLOPs in all, and the layers (see LAYERS) they mostly sit in."""
+    """One inference's work: FLOPs in all, the layers (see LAYERS) they mostly sit in, and the weight elements
+    those layers read (their second input where it is a constant: a MatMul of two activations reads none)."""
 
     flops: float
     layers: int
+    weights: float = 0.0
 
     @property
     def per_layer(self) -> float:
@@ -123,7 +144,7 @@ def work_of(model: ov.Model, batch: int = 1) -> Work | None:
         clone.reshape({clone.input(i): shapes[port] for i, port in enumerate(model.inputs)})
     except Exception:  # a model that cannot take the batch (fixed reshapes inside): its work stays unknown
         return None
-    flops, layers = 0.0, 0
+    flops, layers, weights = 0.0, 0, 0.0
     for node in clone.get_ordered_ops():
         kind = node.get_type_name()
         if kind in _FREE or node.get_output_size() == 0:
@@ -133,9 +154,19 @@ def work_of(model: ov.Model, batch: int = 1) -> Work | None:
         if kind in LAYERS:
             flops += _layer_flops(node)
             layers += 1
+            weights += _weights(node)
         else:
             flops += float(np.prod(node.output(0).get_shape()))
-    return Work(flops, layers)
+    return Work(flops, layers, weights)
+
+
+def _weights(node: ov.Node) -> float:
+    """The elements of a layer's second input where it is a constant (possibly through a Convert: weights
+    stored compressed); 0 where it is computed (a MatMul of two activations)."""
+    source = node.input_value(1).get_node()
+    while source.get_type_name() == "Convert":
+        source = source.input_value(0).get_node()
+    return float(np.prod(node.input(1).get_shape())) if source.get_type_name() == "Constant" else 0.0
 
 
 def choose(work: Work | None, cpus: int) -> Choice:
@@ -155,5 +186,33 @@ def choose(work: Work | None, cpus: int) -> Choice:
 
 
 def untuned(plugin_config: dict[str, object]) -> bool:
-    """Whether the user left every property this module chooses to the server."""
+    """Whether the user left the hint and the threads to the server."""
     return not TUNING_KEYS.intersection(plugin_config)
+
+
+def precision_untuned(plugin_config: dict[str, object]) -> bool:
+    """Whether the user left the inference precision to the server."""
+    return not PRECISION_KEYS.intersection(plugin_config)
+
+
+def bf16_without_amx(capabilities: Iterable[str], flags: frozenset[str]) -> bool:
+    """Whether OpenVINO would infer in bf16 (its CPU device lists BF16 among OPTIMIZATION_CAPABILITIES) on a
+    processor without AMX (``flags``: /proc/cpuinfo's)."""
+    return "BF16" in set(capabilities) and not flags & cpus.AMX_FLAGS
+
+
+def choose_precision(work: Work | None) -> Choice:
+    """On a CPU whose bf16 has no AMX behind it (see :func:`bf16_without_amx`): f32 for a compute-bound model,
+    OpenVINO's bf16 (no property) for one that mostly streams its weights, or whose work is unknown or tiny."""
+    if work is None:
+        return Choice({}, "bf16 without AMX; the work per inference is unknown")
+    if work.flops < TINY_FLOPS:
+        return Choice({}, f"bf16 without AMX; {_mega(work.flops)} per inference, microseconds either way")
+    if not work.layers:
+        return Choice({}, f"bf16 without AMX; {_mega(work.flops)} per inference and no layers")
+    per_weight = work.flops / work.weights if work.weights else float("inf")
+    said = f"{per_weight:.3g} FLOPs per weight" if work.weights else "no constant weights"
+    if per_weight >= F32_FROM_FLOPS_PER_WEIGHT:
+        return Choice({"INFERENCE_PRECISION_HINT": "f32"},
+                      f"bf16 without AMX is slower than f32 for compute-bound layers; {said}")
+    return Choice({}, f"bf16 without AMX; {said}: reading the weights dominates, and bf16 halves their bytes")
