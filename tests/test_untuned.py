@@ -92,6 +92,10 @@ def test_which_cpus_have_bf16_without_amx(tmp_path: Path) -> None:
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
     assert ut.bf16_without_amx(["FP32", "BF16", "INT8"], cpus.cpu_flags(cpuinfo))
     assert not ut.bf16_without_amx(["FP32", "INT8"], cpus.cpu_flags(cpuinfo))  # no bf16: OpenVINO infers in f32
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx_vnni avx_ne_convert\n")
+    assert not ut.bf16_without_amx(["FP32", "BF16"], cpus.cpu_flags(cpuinfo))  # bf16 another way: not measured
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")
+    assert not ut.bf16_without_amx(["FP32", "BF16"], cpus.cpu_flags(cpuinfo))  # Arm: no x86 flags line
     assert cpus.cpu_flags(tmp_path / "missing") == frozenset()
 
 
