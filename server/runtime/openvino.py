@@ -456,16 +456,14 @@ class OpenVINOModel:
         choice = untuned.choose(work, budget.usable)
         config.update(choice.properties)
         log.info("%s: untuned: %s (%s; set PERFORMANCE_HINT, NUM_STREAMS or INFERENCE_NUM_THREADS in "
-                 "plugin_config to choose)", self.path, ", ".join(f"{k} {v}" for k, v in choice.properties.items()),
-                 choice.why)
+                 "plugin_config to choose)", self.path, choice.listed, choice.why)
 
     def _choose_precision(self, work: untuned.Work | None, config: dict[str, Any]) -> None:
         """The inference precision for a model whose user did not choose it, on a CPU whose bf16 has no AMX."""
         choice = untuned.choose_precision(work)
         config.update(choice.properties)
-        chosen = ", ".join(f"{k} {v}" for k, v in choice.properties.items()) or "OpenVINO's default, bf16"
         log.info("%s: untuned precision: %s (%s; set INFERENCE_PRECISION_HINT in plugin_config to choose)",
-                 self.path, chosen, choice.why)
+                 self.path, choice.listed or "OpenVINO's default, bf16", choice.why)
 
     def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""

@@ -87,6 +87,11 @@ class Choice:
     properties: dict[str, str | int]
     why: str
 
+    @property
+    def listed(self) -> str:
+        """The properties as the log says them: ``PERFORMANCE_HINT LATENCY, INFERENCE_NUM_THREADS 1``."""
+        return ", ".join(f"{k} {v}" for k, v in self.properties.items())
+
 
 def _mega(flops: float) -> str:
     if flops >= 1e9:
