@@ -91,6 +91,14 @@ def test_runs_in_the_same_minute_are_written_side_by_side_not_over_each_other(tm
                                                "photo-20261124-191742.md", "photo-20261124-191742.csv"]
 
 
+def test_renew_times_a_fresh_infer_request_beside_an_inference_for_every_model_and_hint() -> None:
+    out = _run("bench.renew", "--no-mobilenet", "--repeat", "5")
+    rows = re.findall(r"^\| (\w+) \| (LATENCY|THROUGHPUT) \| (\d+) \| (\d+) \|$", out, re.MULTILINE)
+    assert {(name, hint) for name, hint, _, _ in rows} == {(m, h) for m in ("add", "resnetish")
+                                                         for h in ("LATENCY", "THROUGHPUT")}, out
+    assert all(int(infer) > 0 for *_, infer in rows), out
+
+
 def test_loopcost_measures_both_paths_on_the_real_server_and_pairs_their_rounds() -> None:
     # the real model server on this process's loop: the V2 servicer's ModelInfer, then the runtime alone
     out = _run("bench.loopcost", "--model", "resnetish", "--concurrency", "2", "--requests", "60", "--rounds", "2",

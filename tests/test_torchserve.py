@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import grpc
+import numpy as np
 import pytest
 import requests
 from google.protobuf import empty_pb2
@@ -90,6 +91,25 @@ HANDLERS = {
                     out.append(f"{seq}={self.sums[seq]} by {id(self)}")
                 return out
     ''',
+    # a + b through context.model, on a model with several infer requests: the handler answers each item
+    # with its sum or with the error the server raised for it
+    "pair_handler.py": '''
+        import json
+        import numpy as np
+
+        def handle(data, context):
+            if data is None:
+                return None
+            out = []
+            for item in data:
+                body = json.loads(item["data"])
+                inputs = {k: np.asarray(body[k], dtype=np.float32) for k in ("a", "b")}
+                try:
+                    out.append(json.dumps({"sum": context.model.infer(inputs, ["sum"])["sum"].tolist()}))
+                except Exception as exc:
+                    out.append(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+            return out
+    ''',
     "broken_handler.py": '''
         class Broken:
             def initialize(self, context):
@@ -124,6 +144,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (named / "settings.xml").write_text("<settings/>")
     build_mar(out, "named", "3.1", named / "add.xml", [named / "add.bin", named / "settings.xml"])
     build_mar(out, "broken", "1.0", xml, [bin_], handler=built / "broken_handler.py")
+    pair = models.save(models.two_in_two_out(), built, "pair") / "model.xml"
+    build_mar(out, "pair", "1.0", pair, [pair.with_suffix(".bin")], handler=built / "pair_handler.py",
+              config_file=write_model_config(built / "pair_config", min_workers=1, max_workers=1))
     build_mar(out, "sums", "1.0", xml, [bin_], handler=built / "stateful_handler.py",
               config_file=write_model_config(built / "sums", min_workers=2, max_workers=2, batch_size=2,
                                              max_batch_delay=5, sequence_batching=True,
@@ -502,3 +525,28 @@ def test_ping_is_unhealthy_while_a_default_version_lacks_its_workers(inference: 
     finally:
         management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="broken"))
     assert json.loads(inference.Ping(empty_pb2.Empty(), timeout=10).health) == {"status": "Healthy"}
+
+
+def test_a_failed_inference_in_a_handler_fails_no_later_request(inference: Any, management: Any) -> None:
+    """Issue 32 on the TorchServe path: ``context.model`` runs through the server's own inference path, so an
+    inference OpenVINO failed (``a`` [2,4] + ``b`` [3,4]) must not fail any later valid one."""
+    assert "registered" in register(management, "pair.mar")
+    rng = np.random.default_rng(7)
+
+    def send(rows_b: int) -> tuple[dict[str, Any], np.ndarray]:
+        a, b = rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal((rows_b, 4)).astype(np.float32)
+        body = json.dumps({"a": a.tolist(), "b": b.tolist()}).encode()
+        return json.loads(predict(inference, "pair", body)), a + b if rows_b == 2 else a
+
+    try:
+        for _ in range(4):
+            doc, want = send(2)
+            np.testing.assert_allclose(doc["sum"], want, rtol=1e-6)
+        doc, _ = send(3)
+        assert "cannot compute inputs of these shapes (a [2,4], b [3,4])" in doc["error"], doc
+        for _ in range(12):  # the model's infer requests drawn many times over
+            doc, want = send(2)
+            assert "sum" in doc, doc
+            np.testing.assert_allclose(doc["sum"], want, rtol=1e-6)
+    finally:
+        management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="pair"))

@@ -242,12 +242,21 @@ STALL_COSTS = 100.0
 RECOMPILE_EVERY_S = 10.0
 RECOMPILE_EVERY_COMPILES = 10.0
 
+# Failed infer requests are discarded. An infer request on which an inference failed inside OpenVINO (for
+# any reason: the inputs' shapes, an allocation, outputs that could not be read, an answer of the wrong
+# shapes) never serves again: it goes back to the pool as a fresh ``create_infer_request()`` of the same
+# compiled model (_Slot.failed, release). Whatever OpenVINO left in it (the tensors and shapes it was
+# given, a half-run shape inference, a stored exception) cannot reach the next client, whoever draws it. A
+# fresh request costs 5-9 us (`add`, resnetish, MobileNetV2, LATENCY and THROUGHPUT: `python -m bench.renew`,
+# docs/performance.md "A failed infer request is replaced"), once per failure; a reset of its inputs would
+# cost as much and could not reach what the plugin keeps inside the request.
+
 
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("check_at", "future", "generation", "keep", "log_failure", "read", "request", "stall_logged",
-                 "started")
+    __slots__ = ("check_at", "failed", "future", "generation", "keep", "log_failure", "read", "request",
+                 "stall_logged", "started")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
@@ -267,6 +276,9 @@ class _Slot:
         self.generation = 0
         #: the outputs the running inference's caller reads (None: every output)
         self.read: Sequence[PortInfo] | None = None
+        #: whether ``request`` failed (or gave an answer that was not its own) since it was created: it is
+        #: replaced by a fresh one before it serves again ("Failed infer requests are discarded" above)
+        self.failed = False
 
 
 def _no_callback(_: object) -> None:
@@ -645,6 +657,7 @@ class OpenVINOModel:
                 keep.append(arr)
                 req.set_input_tensor(port.index, tensor)
         except Exception as exc:
+            slot.failed = True  # some inputs may be bound already: not reused as it is
             raise InvalidInput(f"the model refused the inputs: {_first_line(exc)}") from None
 
     def _run_inline(self, slot: _Slot, expect: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
@@ -669,7 +682,8 @@ class OpenVINOModel:
             result = self._read_outputs(slot)
             if expect is not None:
                 wrong = {name: out.shape for name, out in result.items() if out.shape != expect[name]}
-                if wrong:  # not this request's answer: never hand it over
+                if wrong:  # not this request's answer: never hand it over, nor use the request again
+                    slot.failed = True
                     log.error("%s: OpenVINO answered outputs of shapes %s where the model computes %s", self.path,
                               wrong, {name: expect[name] for name in wrong})
                     raise InternalError("inference failed: the outputs do not have the shapes the model computes")
@@ -742,10 +756,12 @@ class OpenVINOModel:
     def _failed(self, slot: _Slot, exc: BaseException) -> ServerError:
         """The client's error for an inference OpenVINO failed on ``slot`` (logged once, here).
 
-        The infer request itself can be used again (OpenVINO resets it at the next start);
+        The infer request is replaced by a fresh one when it is released ("Failed infer
+        requests are discarded");
         after a failure that was not the inputs' shapes, the whole compiled model is
-        replaced (see RECOMPILE_EVERY_S).
+        replaced too (see RECOMPILE_EVERY_S).
         """
+        slot.failed = True
         keep = slot.keep or []
         err = inference_error(exc, [(p.name, tuple(a.shape)) for p, a in zip(self.inputs, keep, strict=False)])
         slot.keep = None
@@ -797,6 +813,7 @@ class OpenVINOModel:
         _retire(slot.request)
         slot.request = self._compiled.create_infer_request()
         slot.generation = self._generation
+        slot.failed = False
         if self._completions is not None:
             slot.request.set_callback(self._completions.on_done, slot)
 
@@ -835,6 +852,7 @@ class OpenVINOModel:
                 else:
                     result[port.name] = tensor.data.copy()
         except Exception as exc:
+            slot.failed = True
             log.error("%s: cannot read the outputs: %s", self.path, _first_line(exc))
             raise InternalError(f"inference failed: cannot read the outputs: {_first_line(exc)}") from None
         return result
@@ -855,8 +873,8 @@ class OpenVINOModel:
                 self._unloaded.remove(slot)
             _retire(slot.request)
             return
-        if slot.generation != self._generation:  # it ran on a compiled model since replaced
-            self._renew(slot)
+        if slot.failed or slot.generation != self._generation:  # it failed, or it ran on a compiled model
+            self._renew(slot)  # since replaced: a fresh infer request (see "Failed infer requests are discarded")
         if self._recompiling is not None:  # held back until the fresh compiled model is in
             self._idle.append(slot)
             return
