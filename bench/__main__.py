@@ -49,9 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "highest concurrency, max_batch_size = that concurrency); 0 skips them")
     p.add_argument("--grpc-engines", default=None, metavar="LIST",
                    help="comma-separated gRPC engines of ovserve to measure: grpcio (the ovserve rows, every "
-                        "protocol, `--grpc-engine grpcio`), native (ovserve-native rows: gRPC only, "
-                        "`--grpc-engine native`) and loop (ovserve-loop rows: gRPC only, `--grpc-engine loop`, "
-                        "what the default `auto` serves); "
+                        "protocol, `--grpc-engine grpcio`, what the default `auto` serves), native (ovserve-native "
+                        "rows: gRPC only, `--grpc-engine native`) and loop (ovserve-loop rows: gRPC only, "
+                        "`--grpc-engine loop`); "
                         "default: all three (native where pygrpc-native is installed)")
     p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `ovserve serve` (repeatable)")
@@ -195,8 +195,8 @@ def main(argv: list[str]) -> int:
             return configs[key]
 
         def ovserve(names: list[str]) -> servers.ServerProcess:
-            # grpcio named: these rows keep what they measured since the first run; the default engine's
-            # (auto: loop) are the ovserve-loop rows, the native engine's the ovserve-native rows
+            # grpcio named: the default engine (auto: grpcio, since 2026-12-05), whose rows these have been since
+            # the first run; the experimental engines' are the ovserve-loop and ovserve-native rows
             return servers.start_ovserve(ovserve_config(names), ["--grpc-engine", "grpcio", *args.ovserve_arg])
 
         def kserve(names: list[str]) -> servers.ServerProcess:

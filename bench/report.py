@@ -22,8 +22,9 @@ PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
 SERVERS = ("raw", "ovserve", "ovserve-native", "ovserve-loop", "ovserve-batch", "kserve")
 #: ovserve's gRPC engines: the server label whose rows each one's gRPC targets are read from.
 GRPC_ENGINES = {"grpcio": "ovserve", "native": "ovserve-native", "loop": "ovserve-loop"}
-#: The engine ``ovserve serve`` runs by default (``auto``: loop, since 2026-11-25; native before).
-DEFAULT_GRPC_SERVER = "ovserve-loop"
+#: The engine ``ovserve serve`` runs by default (``auto``: grpcio, since 2026-12-05; loop from 2026-11-25,
+#: native before).
+DEFAULT_GRPC_SERVER = "ovserve"
 NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
 
 
@@ -189,8 +190,8 @@ def targets(run: Run) -> list[Target]:
 
 def cpu_targets(run: Run) -> list[Target]:
     """Issue 21's CPU per request: ovserve's default engine at most a third of KServe's on ``add`` over gRPC
-    and REST, and on gRPC at most 1.3x the native engine's. The default engine is loop (DEFAULT_GRPC_SERVER)
-    where the run measured it, else grpcio; the other engines' rows stay beside it, tagged."""
+    and REST, and on gRPC at most 1.3x the native engine's. The default engine is grpcio (DEFAULT_GRPC_SERVER,
+    the ovserve rows); the other engines' rows stay beside it, tagged."""
     rows, out = run.rows, []
     measured = {srv for srv in GRPC_ENGINES.values() if any(r.server == srv and r.protocol == "grpc" for r in rows)}
     default = DEFAULT_GRPC_SERVER if DEFAULT_GRPC_SERVER in measured else "ovserve"
@@ -208,7 +209,7 @@ def cpu_targets(run: Run) -> list[Target]:
                        _find(rows, "add", "kserve", protocol, c), 1 / 3, "kserve")
         cpu_target(f"add grpc c{c} server CPU/req / native engine's", _find(rows, "add", default, "grpc", c),
                    _find(rows, "add", "ovserve-native", "grpc", c), 1.3, "native")
-        # the other engines measured, kept in sight: grpcio, native (the default until 2026-11-25)
+        # the other engines measured, kept in sight: loop (the default until 2026-12-05), native (until 2026-11-25)
         for e, srv in GRPC_ENGINES.items():
             if srv not in measured or srv == default:
                 continue

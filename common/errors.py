@@ -11,6 +11,32 @@ predictor's error answers with the predictor's status; :mod:`ovserve.server.erro
 from __future__ import annotations
 
 import math
+import re
+
+#: The longest run of characters without a space that an error message quotes whole: a client's model name,
+#: input name or value of 20,000 characters was echoed whole, and a gRPC reply's ``grpc-message`` past the
+#: 16 KiB of headers gRPC clients accept reached its client as that client's own RESOURCE_EXHAUSTED instead
+#: of the error (issue 33, item 10). A longer run keeps its first half of this and says how long it was.
+LONGEST_QUOTED = 256
+#: The longest message an error carries, whatever it quotes (the rest is cut, saying how much).
+LONGEST_MESSAGE = 2048
+_LONG_RUN = re.compile(rf"\S{{{LONGEST_QUOTED + 1},}}")
+
+
+def _shorter(run: re.Match[str]) -> str:
+    text = run.group()
+    return f"{text[:LONGEST_QUOTED // 2]}...({len(text)} characters)"
+
+
+def bounded(message: str) -> str:
+    """``message`` with every run of more than LONGEST_QUOTED characters without a space cut, and at most
+    LONGEST_MESSAGE characters in all: what an error may say to a client."""
+    if len(message) <= LONGEST_QUOTED:
+        return message
+    message = _LONG_RUN.sub(_shorter, message)
+    if len(message) > LONGEST_MESSAGE:
+        message = f"{message[:LONGEST_MESSAGE]}...({len(message) - LONGEST_MESSAGE} characters cut)"
+    return message
 
 
 class ServerError(Exception):
@@ -21,6 +47,7 @@ class ServerError(Exception):
     logged: bool = False
 
     def __init__(self, message: str) -> None:
+        message = bounded(message)  # names and values quoted from a request are cut here, once for every transport
         super().__init__(message)
         self.message = message
 

@@ -2,7 +2,7 @@
 # Refresh the images' locks: exact versions with their sha256 hashes, resolved from PyPI by uv
 # (`uv pip compile --generate-hashes`) for the images' platform (CPython 3.11, x86_64 Linux,
 # glibc 2.36: Debian bookworm), from what pyproject.toml says:
-#   requirements/server.txt    the server image: ovserve (pygrpc-native included) and ovserve-client's
+#   requirements/server.txt    the server image: ovserve and ovserve-client's
 #                              dependencies (the two wheels themselves are built from the checkout)
 #   requirements/operator.txt  the operator image: the [operator] extra alone
 #   requirements/build.txt     what builds the two wheels (setuptools, wheel: pyproject's build-system)

@@ -9,10 +9,11 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 if [ "${1:-}" = "--unit" ]; then
     shift
-    [ -x .venv/bin/python ] || ensure_venv test,dev
+    [ -x .venv/bin/python ] || ensure_venv test,dev,grpc-native
     exec .venv/bin/python -m pytest -m unit -q tests "$@"
 fi
-ensure_venv test,dev
+# grpc-native: the experimental native gRPC engine is tested too, though not installed by default
+ensure_venv test,dev,grpc-native
 # The operator's integration tests need a real kube-apiserver: built once from Debian's sources and
 # cached in ~/.cache/ovserve/k8s (a no-op when cached). If it cannot be built, those tests skip.
 if ! bash scripts/k8s_testbed.sh >/dev/null; then

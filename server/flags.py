@@ -84,8 +84,10 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     add(net, "--grpc-port", port, defaults.grpc_port,
         "KServe V2 gRPC port; 0 picks a free port (logged); off: no gRPC", aliases=names("--grpc-port"))
     add(net, "--grpc-engine", str, defaults.grpc_engine,
-        "gRPC server: auto (loop, on every listener), loop (ovserve's own HTTP/2 on the event loop: no thread "
-        "hand-offs per call), grpcio (grpc.aio) or native (pygrpc-native: HTTP/2 outside the GIL; no TLS)",
+        "gRPC server: auto (grpcio, on every listener), grpcio (grpc.aio: gRPC's C core, with the limits in "
+        "docs/operations.md), or, experimental and opt-in: loop (ovserve's own HTTP/2 on the event loop; it does "
+        "not yet withstand every HTTP/2 attack grpcio does) or native (pygrpc-native: HTTP/2 outside the GIL; no "
+        "TLS; pip install 'ovserve[grpc-native]')",
         aliases=names("--grpc-engine"), choices=list(GRPC_ENGINE_CHOICES))
     add(net, "--max-request-bytes", int, defaults.max_request_bytes, "largest request accepted, REST and gRPC",
         aliases=names("--max-request-bytes"))

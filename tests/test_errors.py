@@ -69,3 +69,17 @@ def test_an_overload_says_when_to_come_back_in_each_transports_form() -> None:
     assert retry_after_s(ahead=5, at_once=2, cost=None) == 1.0  # nothing measured yet
     err = refusal("this model", bound=4, ahead=5, at_once=1, cost=0.7)
     assert err.retry_after_header() == "4" and err.message.endswith("(max_queued_requests); retry in 4 s")
+
+
+def test_names_and_values_quoted_in_an_error_are_cut() -> None:
+    """Issue 33, item 10: a 20,000-character name is not echoed whole, whichever error quotes it."""
+    from ovserve.common.errors import LONGEST_MESSAGE, LONGEST_QUOTED, InvalidInput, NotFound
+
+    err = NotFound(f"model {'m' * 20_000!r} is not served; models are ['add']")
+    assert len(err.message) < 2 * LONGEST_QUOTED and str(err) == err.message
+    assert err.message.startswith("model 'mmm") and "...(20002 characters)" in err.message
+    assert err.message.endswith("is not served; models are ['add']")
+    short = "model 'add' has no version 3"
+    assert InvalidInput(short).message == short
+    many = InvalidInput(" ".join(["word"] * 2000))
+    assert len(many.message) < LONGEST_MESSAGE + 40 and many.message.endswith("characters cut)")

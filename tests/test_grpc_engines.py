@@ -1,8 +1,8 @@
-"""Every gRPC engine serves the same protocol: ``auto`` (the default: ``loop``, HTTP/2 on the event
-loop), ``grpcio`` (grpc.aio) and ``native`` (pygrpc-native).
+"""Every gRPC engine serves the same protocol: ``auto`` (the default: ``grpcio``, grpc.aio), and the
+experimental ``loop`` (HTTP/2 on the event loop) and ``native`` (pygrpc-native).
 
 The gRPC protocol tests of the other modules run on the default engine; here they run again, in a
-child pytest per engine, with ``OVSERVE_GRPC_ENGINE=grpcio`` (or ``native``) in the environment every
+child pytest per engine, with ``OVSERVE_GRPC_ENGINE=loop`` (or ``native``) in the environment every
 server they start inherits. The tests here check that the variable really switches the engine, what ``auto`` picks
 and says, and what a user sees when the package is missing. tests/test_grpc_stress.py holds the
 evidence under load (SIGTERM, cancellations, connections, streams, limits) for both engines.
@@ -27,23 +27,23 @@ from .servers import EXACT, ServerProcess
 pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Modules whose gRPC tests (and the SIGTERM drain test) are rerun on the grpcio engine.
+#: Modules whose gRPC tests (and the SIGTERM drain test) are rerun on the other engines.
 GRPC_MODULES = ["test_smoke.py", "test_datatypes.py", "test_bad_input.py", "test_lifecycle.py", "test_errors.py",
                 "test_images_server.py"]
 
 
 def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
-    """The default (auto) serves gRPC on the loop engine and says so; the variable picks grpcio."""
-    grpcio = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
-                           env={"OVSERVE_GRPC_ENGINE": "grpcio"})
+    """The default (auto) serves gRPC on grpcio and says so; the variable picks the experimental loop engine."""
+    loop = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
+                         env={"OVSERVE_GRPC_ENGINE": "loop"})
     default = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
     try:
-        for proc, engine in ((grpcio, "grpcio (grpcio "), (default, "loop (HTTP/2 on the event loop; hpack ")):
+        for proc, engine in ((loop, "loop (experimental: ovserve's own HTTP/2 on the event loop; hpack "),
+                             (default, "grpcio (grpcio ")):
             proc.wait_ready()
             line = proc.wait_log("gRPC engine: ")
             assert engine in line, line
-            assert line.endswith("for grpc (--grpc-engine grpcio)" if proc is grpcio
-                                 else "for grpc (auto)"), line
+            assert line.endswith("for grpc (--grpc-engine loop)" if proc is loop else "for grpc (auto)"), line
             client = tgrpc.InferenceServerClient(proc.grpc_target)
             x = np.arange(32, dtype=np.float32).reshape(2, 16)
             inp = tgrpc.InferInput("x", [2, 16], "FP32")
@@ -51,13 +51,13 @@ def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
             np.testing.assert_array_equal(client.infer("add", [inp]).as_numpy("y"), x + 1)
             client.close()
     finally:
-        grpcio.stop()
+        loop.stop()
         default.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("engine", ["grpcio", "native"])
+@pytest.mark.parametrize("engine", ["loop", "native"])
 def test_grpc_protocol_tests_pass_on_the_other_engines(engine: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "grpc or sigterm",
@@ -91,13 +91,13 @@ def test_native_engine_without_its_package_says_how_to_install_it(demo_repo: Pat
 
 
 def test_auto_needs_no_native_package(demo_repo: Path, tmp_path: Path) -> None:
-    """The default engine is ovserve's own: a server where pygrpc-native is not installed serves gRPC on it."""
+    """The default engine is grpcio: a server where pygrpc-native is not installed serves gRPC on it."""
     proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
                          env=_without_native(tmp_path))
     try:
         proc.wait_ready()
         line = proc.wait_log("gRPC engine: ")
-        assert "loop (HTTP/2 on the event loop; hpack " in line and line.endswith("(auto)"), line
+        assert "grpcio (grpcio " in line and line.endswith("(auto)"), line
         client = tgrpc.InferenceServerClient(proc.grpc_target)
         x = np.arange(16, dtype=np.float32).reshape(1, 16)
         np.testing.assert_array_equal(grpc_infer(client, "add", x), x + 1)
@@ -184,7 +184,7 @@ def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: 
     try:
         proc.wait_ready()
         line = proc.wait_log("gRPC engine: ")
-        assert "native (pygrpc-native " in line and f"; {expected} I/O thread" in line, line
+        assert "native (experimental: pygrpc-native " in line and f"; {expected} I/O thread" in line, line
         tasks = Path(f"/proc/{proc.proc.pid}/task")
         names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
         assert names.count("grpc-native-io") == expected, names

@@ -65,8 +65,8 @@ def needs(requirements: list[str], extras: set[str] = frozenset()) -> list[Requi
 
 #: lock -> what pyproject.toml asks the image to install (scripts/lock.sh's inputs)
 INPUTS = {
-    "server": needs(PYPROJECT["project"]["dependencies"]) + needs(CLIENT["project"]["dependencies"])
-    + needs(PYPROJECT["project"]["optional-dependencies"]["grpc-native"]),
+    # the experimental native gRPC engine (the grpc-native extra) is not in the image (issue 33)
+    "server": needs(PYPROJECT["project"]["dependencies"]) + needs(CLIENT["project"]["dependencies"]),
     "operator": needs(PYPROJECT["project"]["optional-dependencies"]["operator"]),
     "build": needs(PYPROJECT["build-system"]["requires"]),
     "sbom": needs(["cyclonedx-bom>=7.5"]),  # scripts/lock.sh's own input: the builder's SBOM generator

@@ -68,7 +68,7 @@ def native_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
                           "--access-log", str(base / "access.log")])
     try:
         proc.wait_ready(timeout=180)
-        assert "native (pygrpc-native " in proc.wait_log("gRPC engine: ")
+        assert "native (experimental: pygrpc-native " in proc.wait_log("gRPC engine: ")
         yield proc
     finally:
         proc.stop()

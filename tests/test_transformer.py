@@ -199,7 +199,7 @@ def test_grpc_on_the_native_engine(predictor: ServerProcess, handlers: Path) -> 
                               "--predictor_host", predictor.grpc_target, "--predictor_protocol", "grpc-v2",
                               env={"PYTHONPATH": str(handlers)}).wait_ready()
     try:
-        assert "native (pygrpc-native " in proc.wait_log("gRPC engine: ")
+        assert "native (experimental: pygrpc-native " in proc.wait_log("gRPC engine: ")
         client = grpcclient.InferenceServerClient(proc.grpc_target)
         inp = grpcclient.InferInput("x", [2, 8], "FP32")
         inp.set_data_from_numpy(X)

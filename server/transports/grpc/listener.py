@@ -1,16 +1,18 @@
 """A gRPC listener: one server on one port serving any number of services.
 
-The engine is chosen here (``--grpc-engine``; docs/performance.md "Server CPU per request"):
+The engine is chosen here (``--grpc-engine``; docs/operations.md "The gRPC door"):
 
-- ``auto`` (default): ``loop``, on every listener, with TLS or without (since
-  2026-11-25; until then native without TLS and grpcio with it: docs/performance.md
-  "A gRPC engine on the loop" has why);
-- ``grpcio``: ``grpc.aio``, gRPC's own C-core server;
-- ``loop``: ovserve's own HTTP/2 on the event loop (:mod:`.loop`): the frames are read and
+- ``auto`` (default): ``grpcio``, on every listener, with TLS or without (since 2026-12-05:
+  the front door is gRPC's own C core, which has absorbed a decade of HTTP/2 attacks; from
+  2026-11-25 it was loop, which an attacker's HEADERS+RST_STREAM flood, PING flood or huge
+  header block could stall for every client: issue 33);
+- ``grpcio``: ``grpc.aio``, gRPC's own C-core server, with the limits of :func:`grpcio_limits`;
+- ``loop`` (experimental, opt-in): ovserve's own HTTP/2 on the event loop (:mod:`.loop`): the frames are read and
   written where the handlers run, as uvicorn does for REST, with no I/O or dispatch thread
   between the socket and the call; every method shape; TLS from the same reloading
   ``ssl.SSLContext`` as REST, offering HTTP/2 by ALPN;
-- ``native``: ``pygrpc_native.aio``, a drop-in ``grpc.aio`` server whose HTTP/2
+- ``native`` (experimental, opt-in; ``pip install 'ovserve[grpc-native]'``): ``pygrpc_native.aio``, a
+  drop-in ``grpc.aio`` server whose HTTP/2
   and per-call work runs in Rust outside the GIL. Unary and server-streaming
   methods are served by it; bidirectional streams and reflection go to a
   grpc.aio server it runs behind itself on a Unix socket. One port per server;
@@ -60,6 +62,29 @@ FLUSH_PAUSE = 1.0
 #: CPUs per I/O thread of the native engine, and its own default number of them (the most it gets)
 CPUS_PER_NATIVE_IO_THREAD = 4
 NATIVE_IO_THREADS_MAX = 2
+#: Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS; the loop engine's own bound
+#: too). gRPC's C core has no bound of its own: a HEADERS+RST_STREAM flood ("rapid reset", CVE-2023-44487) on
+#: one connection then made calls on other connections wait 0.4 s and come back CANCELLED (16 of 22); with
+#: the bound, and streams counted until the server has let them go (overload protection), the flood's
+#: streams past it are refused with RST_STREAM REFUSED_STREAM and the other clients' calls all succeed at
+#: their idle median (tests/test_grpc_door.py; docs/operations.md "The gRPC door").
+MAX_CONCURRENT_STREAMS = 1024
+#: The most header bytes (names and values, HPACK's count) a call's metadata may hold: gRPC clients announce
+#: 16 KiB as the most they accept in reply, and the loop engine's limit is the same.
+MAX_METADATA_BYTES = 16 << 10
+
+
+def grpcio_limits(max_message_bytes: int) -> list[tuple[str, Any]]:
+    """The channel arguments a grpc.aio server (and, where they apply, the other engines) is built with."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.http.overload_protection", 1),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+    ]
 
 
 def native_io_threads(cpus: int) -> int:
@@ -120,14 +145,13 @@ def _native_importable() -> bool:
 
 
 def choose_engine(asked: str) -> tuple[str, str]:
-    """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``. ``auto`` takes loop, with TLS
-    or without (it needs no optional package); an explicit engine is taken as it is (native with TLS
-    then refuses at bind)."""
+    """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``. ``auto`` takes grpcio, with TLS
+    or without; an explicit engine is taken as it is (native with TLS then refuses at bind)."""
     if asked not in GRPC_ENGINE_CHOICES:
         raise InvalidInput(f"unknown gRPC engine {asked!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
     if asked != "auto":
         return asked, "--grpc-engine " + asked
-    return "loop", "auto"
+    return "grpcio", "auto"
 
 
 def make_server(engine: str, options: list[tuple[str, Any]],
@@ -196,11 +220,7 @@ class GrpcListener:
 
     def _build(self, engine: str) -> None:
         self.engine = engine
-        self.server = make_server(engine, [
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),
-        ], self.io_threads)
+        self.server = make_server(engine, grpcio_limits(self.max_message_bytes), self.io_threads)
         for service in self.services:
             service.servicer.in_flight = self.in_flight  # one drain for every service on this port
             service.servicer.gate, service.servicer.listener = self.gate, self.name  # tokens and access log
@@ -213,11 +233,11 @@ class GrpcListener:
     def describe(self) -> str:
         package = GRPC_ENGINES[self.engine]
         if self.engine == "loop":
-            return f"loop (HTTP/2 on the event loop; {package} {version(package)})"
+            return f"loop (experimental: ovserve's own HTTP/2 on the event loop; {package} {version(package)})"
         if self.engine != "native":
             return f"{self.engine} ({package} {version(package)})"
         threads = f"{self.io_threads} I/O thread{'s' if self.io_threads > 1 else ''}"
-        return f"{self.engine} ({package} {version(package)}; {threads})"
+        return f"{self.engine} (experimental: {package} {version(package)}; {threads})"
 
     def bind(self, host: str, port: int, tls: ServerTls | None = None) -> int:
         """Bind ``host:port`` (0: a free port), with TLS when ``tls`` is given; the bound port."""
