@@ -45,7 +45,8 @@ def deployment(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, A
     spec = isvc["spec"][component]
     labels = n.child_labels(name, component)
     user_labels = dict(spec.get("labels") or {})
-    template = {"metadata": {"labels": {**user_labels, **labels}}, "spec": pods.pod_spec(isvc, component, cfg)}
+    template = {"metadata": {"labels": {**user_labels, **labels}},
+                "spec": pods.draining(pods.pod_spec(isvc, component, cfg))}
     annotations = {**pods.scrape_annotations(isvc, component), **(spec.get("annotations") or {})}  # the spec's win
     if annotations:
         template["metadata"]["annotations"] = annotations

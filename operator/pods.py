@@ -11,7 +11,15 @@ from .config import Config
 from .storage_uri import plan
 
 POD_FIELDS = ("serviceAccountName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
-              "securityContext", "priorityClassName")
+              "securityContext", "priorityClassName", "terminationGracePeriodSeconds")
+#: Seconds an ovserve container in the operator's pods serves on as usual after SIGTERM (``OVSERVE_DRAIN_DELAY``,
+#: the server's --drain-delay), while kube-proxy on every node and any ingress stop routing to the terminating
+#: pod: without it a rolling update refused REST connections for ~1.1 s (issue 35). Other images ignore it.
+DRAIN_DELAY_S = 5
+#: The pods' terminationGracePeriodSeconds unless the component sets its own: the drain delay, the server's
+#: 25 s --grace-period for the requests in flight, and a margin before the kubelet's SIGKILL.
+TERMINATION_GRACE_S = 40
+DRAIN_ENV = "OVSERVE_DRAIN_DELAY"
 MODELS_VOLUME = "ovserve-models"
 PVC_VOLUME = "ovserve-model-pvc"
 HOST_VOLUME = "ovserve-model-source"
@@ -215,4 +223,16 @@ def pod_spec(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, Any
     if secure is not None:  # serving.ovserve.io/tls-secret: every component's main container (operator/tls.py)
         tls.secure_pod(pod, secure, component, component == "predictor" and is_ovserve(spec),
                        serving_ports(spec, component)["rest"])
+    return pod
+
+
+def draining(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as a Deployment runs it in a cluster: its main container serves on for DRAIN_DELAY_S after SIGTERM
+    (unless its env says otherwise), within a grace period that covers the delay and the drain (unless the
+    component sets one). ``ovserve run`` leaves this out: no load balancer needs the time there."""
+    main = pod["containers"][0]
+    env = main.setdefault("env", [])
+    if not any(var.get("name") == DRAIN_ENV for var in env):
+        env.append({"name": DRAIN_ENV, "value": str(DRAIN_DELAY_S)})
+    pod.setdefault("terminationGracePeriodSeconds", TERMINATION_GRACE_S)
     return pod

@@ -7,9 +7,14 @@ listener (the bound ports are logged, one line each and then the whole map:
 :mod:`.ports`), accept connections (live), then start the data plane (the
 model server's initial load; a transformer's first look at its predictor);
 when that has finished, whatever its outcome, the listeners say SERVING. On
-SIGTERM/SIGINT every listener stops accepting and drains its in-flight
-requests within the grace period, then the data plane stops and the process
-exits 0.
+SIGTERM/SIGINT the server first serves on as usual for ``--drain-delay``
+seconds (0 by default; the operator's pods set it), the time a load balancer
+takes to stop sending requests to a process that is going away (Kubernetes
+removes a terminating pod from its Services while the pod already has its
+SIGTERM, and kube-proxy on every node catches up a moment later: without the
+delay, requests routed meanwhile were refused). A second signal ends the wait.
+Then every listener stops accepting and drains its in-flight requests within
+the grace period, the data plane stops and the process exits 0.
 """
 from __future__ import annotations
 
@@ -56,11 +61,12 @@ class Server:
     ``tls``, its TLS (:func:`.tls.for_settings`)."""
 
     def __init__(self, dataplane: DataPlane, listeners: list[tuple[Listener, int]], host: str,
-                 grace_period: float, tls: Mapping[str, ServerTls] | None = None) -> None:
+                 grace_period: float, tls: Mapping[str, ServerTls] | None = None, drain_delay: float = 0.0) -> None:
         self.dataplane = dataplane
         self.listeners = listeners
         self.host = host
         self.grace_period = grace_period
+        self.drain_delay = drain_delay
         self.tls = dict(tls or {})
         #: the bound ports by listener name, once started
         self.ports: dict[str, int] = {}
@@ -84,6 +90,16 @@ class Server:
         # again under load (the usual long-running-server practice; docs/performance.md "Memory").
         gc.collect()
         gc.freeze()
+
+    async def serve_on(self, hurry: asyncio.Event) -> None:
+        """After SIGTERM: serve as usual for ``drain_delay`` seconds, or until ``hurry`` is set (a second
+        signal), while load balancers stop sending requests here."""
+        if self.drain_delay <= 0:
+            return
+        log.info("signalled: serving on for %gs while load balancers stop sending requests here, then draining "
+                 "(a second signal drains now)", self.drain_delay)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(hurry.wait(), self.drain_delay)
 
     async def stop(self) -> None:
         log.info("shutting down: no new requests, %gs for in-flight ones", self.grace_period)
@@ -124,6 +140,8 @@ async def run(make: Callable[[], Server]) -> int:
                 code = 1
             if code == 0:
                 await waiter
+                stop.clear()  # a second signal cuts the drain delay short
+                await server.serve_on(stop)
         else:
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -85,6 +85,9 @@ class ProcessSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     #: Seconds in-flight requests get to finish after SIGTERM.
     grace_period: float = 25.0
+    #: Seconds the server keeps serving as usual after SIGTERM before it drains (0: none): the time load
+    #: balancers (kube-proxy, an ingress) take to stop sending requests to a terminating pod.
+    drain_delay: float = 0.0
     #: Bearer tokens (one per line) every call but health needs (None = no authentication; server/gate/auth.py).
     auth_token_file: str | None = None
     #: Bearer tokens of the management APIs (repository, TorchServe management); None = the inference tokens.

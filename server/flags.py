@@ -108,6 +108,10 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     ops = parser.add_argument_group("operation")
     add(ops, "--grace-period", float, defaults.grace_period, "seconds in-flight requests get to finish on SIGTERM",
         aliases=names("--grace-period"))
+    add(ops, "--drain-delay", float, defaults.drain_delay,
+        "seconds to keep serving as usual after SIGTERM before draining, while load balancers stop sending "
+        "requests here (the operator's pods: 5); a second SIGTERM or SIGINT ends the wait",
+        aliases=names("--drain-delay"))
     add(ops, "--log-level", str, defaults.log_level, "debug, info, warning or error", aliases=names("--log-level"),
         choices=LOG_LEVELS)
     add(ops, "--event-loop", str, defaults.event_loop, "event loop: uvloop or asyncio", aliases=names("--event-loop"),

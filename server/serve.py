@@ -78,7 +78,8 @@ def build(settings: Settings) -> Server:
     if dataplane.metrics is not None:
         monitoring.add_listeners(listeners, dataplane, settings)
     return Server(dataplane, listeners, settings.host, settings.grace_period,
-                  tls.for_settings(settings, [listener.name for listener, _ in listeners]))
+                  tls.for_settings(settings, [listener.name for listener, _ in listeners]),
+                  drain_delay=settings.drain_delay)
 
 
 async def serve(settings: Settings) -> int:

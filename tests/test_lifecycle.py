@@ -850,6 +850,32 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path, start_server) -> None
     assert "Traceback" not in server.log
 
 
+def test_after_sigterm_the_drain_delay_serves_new_connections_and_calls_as_usual(tmp_path: Path, start_server) -> None:
+    """``--drain-delay`` (OVSERVE_DRAIN_DELAY, which the operator's pods set): after SIGTERM the server serves on as
+    usual, fresh REST connections and calls on an open gRPC channel alike, while load balancers stop sending
+    requests here (issue 35); then it drains and exits 0. A second signal cuts the wait short."""
+    put_version(models.add_one(), tmp_path / "repo" / "add", 1)
+    server = start_server("--model-repository", tmp_path / "repo", "--poll-interval", "0", *EXACT,
+                          env={"OVSERVE_DRAIN_DELAY": "60"})
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    channel = tgrpc.InferenceServerClient(server.grpc_target)
+    np.testing.assert_array_equal(grpc_infer(channel, "add", x), x + 1)
+    server.proc.send_signal(signal.SIGTERM)
+    server.wait_log("serving on for 60s while load balancers stop sending requests here", timeout=10)
+    for _ in range(20):  # each a new connection, as kube-proxy routes them
+        np.testing.assert_array_equal(binary_infer(server.url, "add", x), x + 1)
+        np.testing.assert_array_equal(grpc_infer(channel, "add", x), x + 1)
+        assert requests.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 200
+        time.sleep(0.05)
+    assert server.proc.poll() is None and "shutting down" not in server.log
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)  # the second signal: drain now
+    assert server.proc.wait(30) == 0
+    assert time.monotonic() - started < 30
+    assert "shutting down: no new requests" in server.log and "Traceback" not in server.log
+    channel.close()
+
+
 # -- gRPC health and reflection ---------------------------------------------------------
 
 

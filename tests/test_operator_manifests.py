@@ -79,7 +79,12 @@ FACTS = [
     ("transformer", (D, "classifier-transformer"), f"{SERVER}.ports", [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]),
     ("transformer", (D, "classifier-predictor"), f"{SERVER}.args",
      ["serve", "--model-name", "classifier", "--model-path", "/mnt/models", "--nireq", "2"]),
-    ("transformer", (D, "classifier-predictor"), f"{SERVER}.env", [{"name": "OVSERVE_LOG_LEVEL", "value": "debug"}]),
+    # the user's env, then the drain delay the operator's pods get (issue 35)
+    ("transformer", (D, "classifier-predictor"), f"{SERVER}.env",
+     [{"name": "OVSERVE_LOG_LEVEL", "value": "debug"}, {"name": "OVSERVE_DRAIN_DELAY", "value": "5"}]),
+    ("transformer", (D, "classifier-predictor"), f"{POD}.terminationGracePeriodSeconds", 40),
+    ("transformer", (D, "classifier-transformer"), f"{SERVER}.env", [{"name": "OVSERVE_DRAIN_DELAY", "value": "5"}]),
+    ("transformer", (D, "classifier-transformer"), f"{POD}.terminationGracePeriodSeconds", 40),
     ("transformer", (D, "classifier-predictor"), f"{SERVER}.resources.limits", {"cpu": "2", "memory": "2Gi"}),
     ("transformer", (S, "classifier"), "spec.selector",
      {"serving.kserve.io/inferenceservice": "classifier", "component": "transformer"}),

@@ -492,4 +492,5 @@ def build(ns: argparse.Namespace) -> Any:
                                        settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
     log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
     return Server(explainer, listeners, settings.host, settings.grace_period,
-                  tls.for_settings(settings, [listener.name for listener, _ in listeners]))
+                  tls.for_settings(settings, [listener.name for listener, _ in listeners]),
+                  drain_delay=settings.drain_delay)

@@ -113,7 +113,8 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     log.info("transformer %s for model %r -> predictor %s (%s)%s", dp.handler_name, ns.model_name, client.target,
              protocol, ", ready only with the predictor" if ns.enable_predictor_health_check else "")
     return Server(dp, listeners, settings.host, settings.grace_period,
-                  tls.for_settings(settings, [listener.name for listener, _ in listeners]))
+                  tls.for_settings(settings, [listener.name for listener, _ in listeners]),
+                  drain_delay=settings.drain_delay)
 
 
 def main(ns: argparse.Namespace) -> int:
