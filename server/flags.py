@@ -52,9 +52,21 @@ def add(p: Any, flag: str, cast: Callable[[str], Any], default: Any, help: str,
                    help=f"{help} [env {env}; default {default}]", **kw)
 
 
+def port_number(text: str) -> int:
+    """A TCP port, 0 (a free one) to 65535; anything else is a one-line usage error naming the value (a port
+    of 99999 was taken modulo 65536 by the socket layer, and -1 ended in a traceback: issue 37)."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0 picks a free one)") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{number} is not a port number (0-65535; 0 picks a free one)")
+    return number
+
+
 def port(text: str) -> int | None:
-    """A port; ``off`` (or an empty value) for no listener at all."""
-    return None if text.strip().lower() in ("", "off", "none") else int(text)
+    """A port (see :func:`port_number`); ``off`` (or an empty value) for no listener at all."""
+    return None if text.strip().lower() in ("", "off", "none") else port_number(text)
 
 
 def tls_override(text: str) -> TlsOverride:
@@ -79,7 +91,7 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
 
     net = parser.add_argument_group("listeners")
     add(net, "--host", str, defaults.host, "address every listener binds")
-    add(net, "--rest-port", int, defaults.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)",
+    add(net, "--rest-port", port_number, defaults.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)",
         aliases=["--http_port", "--http-port"] if kserve else [])
     add(net, "--grpc-port", port, defaults.grpc_port,
         "KServe V2 gRPC port; 0 picks a free port (logged); off: no gRPC", aliases=names("--grpc-port"))

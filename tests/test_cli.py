@@ -6,8 +6,10 @@ never take memory in a model server (idle RSS is a target of issue 4).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +56,26 @@ def test_serve_does_not_import_the_other_components() -> None:
                    "ovserve.server.components.transformer_server", "ovserve.server.components.explainer",
                    "ovserve.client.cli", "aiohttp", "yaml"):
         assert module not in loaded
+
+
+@pytest.mark.parametrize("args", [
+    ["serve", "--grpc-port", "99999"], ["serve", "--rest-port", "-1"], ["serve", "--metrics-port", "80000"],
+    ["serve", "--ts-inference-port", "70000"], ["serve", "--ts-management-port", "65536"], ["serve", "--rest-port", "x"],
+    ["transformer", "--model_name", "m", "--predictor_host", "p:8080", "--http_port", "99999"],
+    ["explainer", "--model_name", "m", "--predictor_host", "p:8080", "--grpc_port", "-5"],
+])
+def test_a_port_out_of_range_is_a_one_line_usage_error(args: list[str], tmp_path: Path) -> None:
+    """Issue 37, item 2: 99999 was served on 34463 (taken modulo 65536) and -1 ended in a traceback."""
+    done = ovserve(*args, "--model-repository", str(tmp_path)) if args[0] == "serve" else ovserve(*args)
+    value = args[-1]
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # argparse's usage, then the error on one line
+    assert "is not a port number (0-65535; 0 picks a free one)" in last and value in last, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_port_from_the_environment_out_of_range_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "ovserve.server", "serve", "--model-repository", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OVSERVE_GRPC_PORT": "99999"})
+    assert done.returncode != 0 and "OVSERVE_GRPC_PORT='99999' is not valid" in done.stderr, done.stderr
