@@ -374,3 +374,49 @@ def test_a_20000_character_model_name_is_not_echoed_whole(server: ServerProcess)
 
 def test_the_server_log_is_free_of_tracebacks(server: ServerProcess) -> None:
     assert "Traceback" not in server.log, server.log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("guarded")
+    models.save(models.add_one(), repo, "add")
+    (repo.parent / "inference.token").write_text("door-token\n")
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
+                          "--auth-token-file", str(repo.parent / "inference.token")])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+def _call_with_path(server: ServerProcess, path: str, token: str | None = None) -> dict[str, str]:
+    attacker = Attacker(server)
+    fields = [(k, path if k == ":path" else v) for k, v in HEADERS]
+    if token is not None:
+        fields.append(("authorization", f"Bearer {token}"))
+    attacker.send(attacker.headers(1, attacker.block(fields)) + DataFrame(1, _message(_request()), flags=["END_STREAM"])
+                  .serialize())
+    frames = attacker.frames(3.0, until=lambda f: isinstance(f, (RstStreamFrame, GoAwayFrame))
+                             or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags))
+    statuses = [fields for _, fields in _statuses(frames)]
+    return statuses[-1] if statuses else {"reset": ",".join(type(f).__name__ for f in frames[-2:])}
+
+
+@pytest.mark.parametrize("path", [
+    METHOD[1:],  # no leading slash
+    "/" + METHOD,  # doubled
+    METHOD.replace("/ModelInfer", "//ModelInfer"),
+    METHOD + "/",
+    METHOD.replace("/ModelInfer", "%2FModelInfer"),
+    METHOD.replace("ModelInfer", "modelinfer"),
+    METHOD.replace("/ModelInfer", "/ServerLive/../ModelInfer"),
+])
+def test_a_protected_method_under_another_spelling_is_never_served_without_a_token(
+        guarded: ServerProcess, path: str) -> None:
+    """Issue 33, item 9: the token gate and the router see the same method. A spelling the router would not
+    route is not served; none reaches ModelInfer without a token (gRPC-Go's CVE-2026-33186 was such a
+    bypass)."""
+    assert _call_with_path(guarded, METHOD).get("grpc-status") == "16"  # the canonical path: UNAUTHENTICATED
+    assert _call_with_path(guarded, METHOD, token="door-token").get("grpc-status") == "0"  # and with the token
+    got = _call_with_path(guarded, path)
+    assert got.get("grpc-status") != "0", got
