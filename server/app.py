@@ -70,10 +70,19 @@ class Server:
         self.tls = dict(tls or {})
         #: the bound ports by listener name, once started
         self.ports: dict[str, int] = {}
+        #: whether every listener was bound (a server that could not start stops without the shutdown banner)
+        self.bound = False
 
     async def start(self) -> None:
         for listener, port in self.listeners:
-            self.ports[listener.name] = listener.bind(self.host, port, self.tls.get(listener.name))
+            try:
+                self.ports[listener.name] = listener.bind(self.host, port, self.tls.get(listener.name))
+            except OSError as exc:  # the flag and the value, not only the OS's words (issue 37, item 8)
+                where = f"{self.host}:{port}" if port else f"{self.host} (a free port)"
+                reason = exc.strerror or "the address is in use, or not one of this machine's"
+                raise OSError(f"{listener.name} cannot listen on {where} (--{listener.name}-port, --host): "
+                              f"{reason}") from None
+        self.bound = True
         for listener, _ in self.listeners:
             await listener.start()
         self.dataplane.live = True
@@ -102,11 +111,13 @@ class Server:
             await asyncio.wait_for(hurry.wait(), self.drain_delay)
 
     async def stop(self) -> None:
-        log.info("shutting down: no new requests, %gs for in-flight ones", self.grace_period)
+        if self.bound:
+            log.info("shutting down: no new requests, %gs for in-flight ones", self.grace_period)
         await asyncio.gather(*(listener.stop(self.grace_period) for listener, _ in self.listeners),
                              return_exceptions=True)
         await self.dataplane.stop()
-        log.info("stopped")
+        if self.bound:
+            log.info("stopped")
 
 
 async def run(make: Callable[[], Server]) -> int:

@@ -185,7 +185,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["--config", "c.json"], {"OVSERVE_MODEL_REPOSITORY": "r"}, "choose exactly one"),
         (["--model-path", "p"], {}, "--model-path needs --model-name"),
         (["--model-repository", "r", "--model-name", "n"], {}, "--model-name goes with --model-path"),
-        (["--model-repository", "r", "--rest-port", "http"], {}, "invalid int value"),
+        (["--model-repository", "r", "--rest-port", "http"], {},
+         "'http' is not a port number (0-65535; 0 picks a free one)"),
         (["--model-repository", "r"], {"OVSERVE_GRPC_PORT": "x"}, "OVSERVE_GRPC_PORT='x' is not valid"),
     ],
     ids=["none", "two", "env-and-flag", "path-only", "name-with-repo", "bad-flag", "bad-env"],
@@ -212,6 +213,34 @@ GOOD_CONFIG = json.dumps(config_doc({"name": "a", "base_path": "a"}))
 FOLDER = object()  # the config path is a folder
 
 
+@pytest.mark.parametrize("listener", ["rest", "grpc", "metrics"])
+def test_a_taken_port_names_its_listener_flag_and_port(tmp_path: Path, start_server, listener: str) -> None:
+    """Issue 37, item 8: REST said only ``[Errno 98] Address already in use``; every listener now names itself,
+    its flag and the address, and a server that never started prints no shutdown banner."""
+    put_version(models.add_one(), tmp_path / "repo" / "add", 1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ["--metrics-enable", "--metrics-port", str(port)] if listener == "metrics" else [f"--{listener}-port",
+                                                                                               str(port)]
+        server = start_server("--model-repository", tmp_path / "repo", *extra, ready=False)
+        assert server.proc.wait(60) == 1
+    server.stop()
+    said = f"cannot start: {listener} cannot listen on 127.0.0.1:{port} (--{listener}-port, --host): "
+    assert said in server.log, server.log
+    assert "shutting down" not in server.log and "Traceback" not in server.log, server.log
+
+
+def test_a_host_that_is_not_an_address_names_the_flag(tmp_path: Path) -> None:
+    put_version(models.add_one(), tmp_path / "repo" / "add", 1)
+    done = subprocess.run([sys.executable, "-m", "ovserve.server", "serve", "--model-repository",
+                           str(tmp_path / "repo"), "--host", "256.1.1.1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "cannot start: rest cannot listen on 256.1.1.1:8080 (--rest-port, --host): " in done.stderr, done.stderr
+    assert "shutting down" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize(
     "content,words",
     [
@@ -229,9 +258,12 @@ FOLDER = object()  # the config path is a folder
         ("[" * 50_000, "config nests deeper than"),
         (json.dumps({"model_config_list": [{"config": {"name": ["a"], "base_path": 1, "nireq": "x"}}]}),
          "model_config_list[0]: 'name' must be a non-empty string"),
+        # a typo of the top-level key served no model without a word (issue 37, item 6)
+        (json.dumps({"model_config_lst": [{"config": {"name": "a", "base_path": "a"}}]}),
+         "config has unknown top-level keys 'model_config_lst' (did you mean 'model_config_list'?)"),
     ],
     ids=["json", "base_path", "policy", "missing", "utf-16", "bytes", "latin-1", "utf-16-no-bom", "folder", "deep",
-         "types"],
+         "types", "top-level-typo"],
 )
 def test_invalid_config_at_start_exits_1(tmp_path: Path, start_server, content: Any, words: str) -> None:
     path = tmp_path / "config.json"

@@ -724,7 +724,7 @@ def _sample(action: argparse.Action) -> tuple[str, object]:
         return choice, choice
     if action.type is Path:
         return "/some/where", Path("/some/where")
-    if action.type in (int, flags.port):
+    if action.type in (int, flags.port, flags.port_number):
         return "7", 7
     if action.type is float:
         return "0.25", 0.25

@@ -6,6 +6,7 @@ cannot; the manager polls it and reconciles.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import re
@@ -61,6 +62,10 @@ _ALLOWED = {
     "name", "base_path", "model_version_policy", "shape", "layout", "batch_size",
     "nireq", "target_device", "plugin_config", "max_batch_size", "max_queue_delay_us", "max_queued_requests",
 }
+#: config.json's top-level keys as OVMS knows them: model_config_list is served; OVMS's pipelines, custom nodes,
+#: MediaPipe graphs and monitoring are ignored (ovserve has none of them); any other key is refused by name.
+_TOP_LEVEL = frozenset({"model_config_list", "pipeline_config_list", "custom_node_library_config_list",
+                        "mediapipe_config_list", "monitoring"})
 
 
 #: OVMS refuses more infer requests than this; each one holds its own buffers.
@@ -177,6 +182,11 @@ def parse_config(source: str | bytes, base_dir: Path, defaults: LoadOptions | No
     doc = load_document(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("model_config_list", []), list):
         raise InvalidInput("config must be an object with a 'model_config_list' list")
+    unknown = sorted(set(doc) - _TOP_LEVEL)
+    if unknown:  # a typo ("model_config_lst") served no model without a word (issue 37, item 6)
+        near = {k: difflib.get_close_matches(k, sorted(_TOP_LEVEL), 1) for k in unknown}
+        said = ", ".join(f"{k!r}" + (f" (did you mean {near[k][0]!r}?)" if near[k] else "") for k in unknown)
+        raise InvalidInput(f"config has unknown top-level keys {said}; OVMS's are {sorted(_TOP_LEVEL)}")
     models = [parse_model_entry(e, base_dir, i, defaults) for i, e in enumerate(doc.get("model_config_list", []))]
     dupes = sorted(n for n, count in Counter(m.name for m in models).items() if count > 1)
     if dupes:
