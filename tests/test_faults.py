@@ -45,6 +45,16 @@ NIREQ_MODELS: dict[str, tuple[dict[str, Any], int]] = {
 }
 
 
+def _width(name: str) -> int:
+    """The width of a pair model's inputs, as the fixture saves it."""
+    return W if name.startswith("pair_async") else 4
+
+
+def _nireq(name: str) -> int:
+    """A pair model's infer requests, as the fixture configures them (``_model_entry``'s 2 unless listed)."""
+    return NIREQ_MODELS[name][1] if name in NIREQ_MODELS else 2
+
+
 def _model_entry(name: str, **options: Any) -> dict:
     return {"name": name, "base_path": name, "nireq": 2, **options}
 
@@ -60,7 +70,7 @@ def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     models.save(models.reshape_by_value(), repo, "by_value_one_thread")
     models.save(models.reshape_by_value(), repo, "by_value_batched")
     for name in NIREQ_MODELS:  # the paths above with one infer request and with eight
-        models.save(models.two_in_two_out(W if name.startswith("pair_async") else 4), repo, name)
+        models.save(models.two_in_two_out(_width(name)), repo, name)
     for transport in TRANSPORTS:  # one each: a model is compiled afresh at most once per 10 s
         models.save(models.broadcast_by_value(), repo, f"alloc_{transport}")
     batching = {"max_batch_size": 8, "max_queue_delay_us": 50_000}
@@ -344,13 +354,12 @@ def test_failures_leave_no_traceback_and_name_the_model(fault_server: ServerProc
 
 
 # -- a failed inference never fails a later client (issue 32) -------------------------------------------
-#: each model's infer requests (the fixture's config) and the width of its inputs
-_POOLS = {"pair": (2, 4), "pair_1": (1, 4), "pair_8": (8, 4), "pair_one_thread": (2, 4), "pair_one_thread_8": (8, 4),
-          "pair_async": (2, W), "pair_async_1": (1, W), "pair_async_8": (8, W)}
+#: every runtime path of pair, with the fixture's pool sizes (2, and 1 and 8 in NIREQ_MODELS)
+_PAIRS = ["pair", "pair_one_thread", "pair_async", *NIREQ_MODELS]
 
 
 @pytest.mark.parametrize("transport", ["rest-binary", "rest-json", "grpc", "grpc-stream"])
-@pytest.mark.parametrize("model", list(_POOLS))
+@pytest.mark.parametrize("model", _PAIRS)
 def test_after_a_failed_inference_every_later_valid_request_is_answered(
         fault_server: ServerProcess, model: str, transport: str) -> None:
     """The issue's sequence on every runtime path (inline on two threads, inline on one thread behind the shape
@@ -358,7 +367,7 @@ def test_after_a_failed_inference_every_later_valid_request_is_answered(
     inside OpenVINO, then valid requests enough to draw every infer request twice. The infer request the
     failure ran on must not carry anything into them: every one is answered 200 with its own values."""
     send = TRANSPORTS[transport]
-    nireq, width = _POOLS[model]
+    nireq, width = _nireq(model), _width(model)
     # the issue's [4096,512] where the transport carries it well (2M floats of JSON take seconds; gRPC clients
     # take 4 MiB replies by default)
     rows = {"rest-binary": 4096, "grpc": 512}.get(transport, 64) if width == W else 64
@@ -408,7 +417,7 @@ def test_a_value_that_failed_a_batch_fails_no_later_batch(fault_server: ServerPr
 def test_one_clients_bad_inputs_never_fail_another_clients_good_ones(fault_server: ServerProcess, model: str) -> None:
     """Four clients at once over gRPC and REST binary, one of them sending inputs the model cannot add every
     other request: each of the three others gets every answer right, the bad one a 400 each time."""
-    nireq, width = _POOLS[model]
+    width = _width(model)
     failures: list[Any] = []
 
     def client(k: int) -> None:

@@ -203,8 +203,8 @@ def _statuses(frames: list[Frame]) -> list[tuple[int, dict[str, str]]]:
             for f in frames if isinstance(f, HeadersFrame)]
 
 
-def _under_attack(server: ServerProcess, attack: Callable[[Attacker], None]) -> tuple[Attacker, Probe, float]:
-    """Run ``attack`` on a fresh connection while a probe calls; (the attacker, the probe, its idle median).
+def _under_attack(server: ServerProcess, attack: Callable[[Attacker], None]) -> Attacker:
+    """Run ``attack`` on a fresh connection while a probe calls; the attacker's connection.
     Asserts what every attack must leave as it was: the probe served throughout, memory bounded, the server
     alive and serving after."""
     process = psutil.Process(server.pid)
@@ -240,7 +240,7 @@ def _under_attack(server: ServerProcess, attack: Callable[[Attacker], None]) -> 
     after.call()
     after.channel.close()
     assert not after.errors, after.errors
-    return attacker, probe, idle
+    return attacker
 
 
 def test_a_rapid_reset_flood_is_refused_and_other_clients_are_served(server: ServerProcess) -> None:
@@ -260,7 +260,7 @@ def test_a_rapid_reset_flood_is_refused_and_other_clients_are_served(server: Ser
             if not attacker.send(b"".join(batch)):
                 break
 
-    attacker, probe, _ = _under_attack(server, flood)
+    attacker = _under_attack(server, flood)
     frames = attacker.frames(1.0)
     served = [fields for _, fields in _statuses(frames) if fields.get("grpc-status") == "0"]
     assert len(served) < 1000, "the flood's cancelled calls were served"
@@ -277,7 +277,7 @@ def test_a_ping_flood_from_a_peer_that_never_reads_is_sent_away(server: ServerPr
             if time.monotonic() - started > ATTACK_S or not attacker.send(thousand):
                 break
 
-    attacker, _, _ = _under_attack(server, flood)
+    attacker = _under_attack(server, flood)
     # the acknowledgements sent before it, then a GOAWAY: grpcio's too_many_pings after two pings closer than
     # its policy allows; it then reads on (bounded: it stops reading a peer owed too many acknowledgements)
     frames = attacker.frames(20.0, until=lambda f: isinstance(f, GoAwayFrame))
@@ -295,7 +295,7 @@ def test_a_settings_flood_from_a_peer_that_never_reads_is_bounded(server: Server
         while time.monotonic() - started < ATTACK_S and attacker.send(thousand):
             sent[0] += 1000
 
-    attacker, _, _ = _under_attack(server, flood)
+    attacker = _under_attack(server, flood)
     # the server stopped reading a peer that never reads its acknowledgements (or closed it): the flood did
     # not run its whole time at full speed
     assert sent[0] < 10_000_000, sent

@@ -247,7 +247,7 @@ RECOMPILE_EVERY_COMPILES = 10.0
 # shapes) never serves again: it goes back to the pool as a fresh ``create_infer_request()`` of the same
 # compiled model (_Slot.failed, release). Whatever OpenVINO left in it (the tensors and shapes it was
 # given, a half-run shape inference, a stored exception) cannot reach the next client, whoever draws it. A
-# fresh request costs 5-9 us (`add`, resnetish, MobileNetV2, LATENCY and THROUGHPUT: `python -m bench.renew`,
+# fresh request costs 5-10 us (`add`, resnetish, MobileNetV2, LATENCY and THROUGHPUT: `python -m bench.renew`,
 # docs/performance.md "A failed infer request is replaced"), once per failure; a reset of its inputs would
 # cost as much and could not reach what the plugin keeps inside the request.
 

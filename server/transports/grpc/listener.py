@@ -66,8 +66,8 @@ NATIVE_IO_THREADS_MAX = 2
 #: too). gRPC's C core has no bound of its own: a HEADERS+RST_STREAM flood ("rapid reset", CVE-2023-44487) on
 #: one connection then made calls on other connections wait 0.4 s and come back CANCELLED (16 of 22); with
 #: the bound, and streams counted until the server has let them go (overload protection), the flood's
-#: streams past it are refused with RST_STREAM REFUSED_STREAM and the other clients' calls all succeed at
-#: their idle median (tests/test_grpc_door.py; docs/operations.md "The gRPC door").
+#: streams past it are refused (RST_STREAM ENHANCE_YOUR_CALM on grpcio 1.85) and the other clients' calls all
+#: succeed at their idle median (tests/test_grpc_door.py; docs/operations.md "The gRPC door").
 MAX_CONCURRENT_STREAMS = 1024
 #: The most header bytes (names and values, HPACK's count) a call's metadata may hold: gRPC clients announce
 #: 16 KiB as the most they accept in reply, and the loop engine's limit is the same.
