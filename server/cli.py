@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Settings
-from .flags import ENV_PREFIX, add_process_flags, add_tls_override, boolean, port
+from .flags import ENV_PREFIX, AtLeast, add_process_flags, add_tls_override, boolean, port
 from .flags import add as _add
 from .process import configure_logging, run_event_loop
 from .version import __version__
@@ -121,6 +121,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(ts, "--ts-model-api", boolean, False,
          "allow RegisterModel and UnregisterModel (TorchServe's enable_model_api); off: PERMISSION_DENIED")
     _add(ts, "--ts-work-dir", Path, None, "where registered models are unpacked (default: a fresh temporary folder)")
+    _add(ts, "--ts-workers", str, d.ts_workers,
+         "where a handler that is not ovserve's own runs: process (a process per worker, as TorchServe: a handler "
+         "that exits, crashes or hangs ends only its worker, which is replaced) or thread (threads of the server's "
+         "process: faster, for trusted handlers only)", choices=["process", "thread"])
+    _add(ts, "--ts-max-workers", AtLeast(1), d.ts_max_workers,
+         "the most workers one model version may have (RegisterModel, ScaleWorker, model-config.yaml); past it: "
+         "INVALID_ARGUMENT")
+    _add(ts, "--ts-worker-memory-mib", AtLeast(0), d.ts_worker_memory_mib,
+         "a worker process's memory bound in MiB (its data segment, RLIMIT_DATA): past it the handler's "
+         "allocations fail (0: no bound)")
     add_tls_override(ts, "ts-inference", "TorchServe's inference listener")
     add_tls_override(ts, "ts-management", "TorchServe's management listener")
     mon = serve.add_argument_group("Prometheus metrics, as OVMS's (docs/operations.md)")

@@ -148,6 +148,12 @@ class Settings(ProcessSettings):
     ts_model_api: bool = False
     #: Where registered models are unpacked (a fresh temporary folder when unset).
     ts_work_dir: Path | None = None
+    #: Where a handler that is not ovserve's own runs: "process" (a process per worker) or "thread".
+    ts_workers: str = "process"
+    #: The most workers one model version may have.
+    ts_max_workers: int = 16
+    #: A worker process's memory bound in MiB (RLIMIT_DATA; 0: none).
+    ts_worker_memory_mib: int = 0
     #: The TorchServe listeners' exceptions to the shared TLS flags (server/tls.py).
     ts_inference_tls: TlsOverride | None = None
     ts_management_tls: TlsOverride | None = None

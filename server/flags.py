@@ -64,6 +64,23 @@ def port_number(text: str) -> int:
     return number
 
 
+class AtLeast:
+    """An integer of at least ``least``; anything else is a one-line usage error naming the value."""
+
+    def __init__(self, least: int) -> None:
+        self.least = least
+        self.__name__ = f"an integer of at least {least}"  # what argparse names in its errors
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < self.least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {self.least}")
+        return value
+
+
 def port(text: str) -> int | None:
     """A port (see :func:`port_number`); ``off`` (or an empty value) for no listener at all."""
     return None if text.strip().lower() in ("", "off", "none") else port_number(text)

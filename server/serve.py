@@ -13,6 +13,7 @@ from .model_server import ModelServer
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
 from .runtime.openvino import LoadOptions
+from .torchserve.registry import WorkerPolicy
 from .torchserve.store import ModelStore
 from .transports.grpc.listener import GrpcListener
 from .transports.grpc_v2 import servicer as kserve_grpc
@@ -60,7 +61,9 @@ def build(settings: Settings) -> Server:
         raise SystemExit(f"ovserve: {exc}") from None
     dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval),
                             store, work, settings.ts_model_api, remove_work=settings.ts_work_dir is None,
-                            metrics=monitoring.metrics(settings), max_queued_requests=settings.max_queued_requests)
+                            metrics=monitoring.metrics(settings), max_queued_requests=settings.max_queued_requests,
+                            ts_policy=WorkerPolicy(settings.ts_workers, settings.ts_max_workers,
+                                                   settings.ts_worker_memory_mib << 20))
     rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only

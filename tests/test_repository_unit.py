@@ -726,6 +726,8 @@ def _sample(action: argparse.Action) -> tuple[str, object]:
         return "/some/where", Path("/some/where")
     if action.type in (int, flags.port, flags.port_number):
         return "7", 7
+    if isinstance(action.type, flags.AtLeast):
+        return str(action.type.least + 7), action.type.least + 7
     if action.type is float:
         return "0.25", 0.25
     if action.type is str:

@@ -134,6 +134,8 @@ class BuiltinHandler:
         if context.model is None:
             raise FailedPrecondition(f"the {self.name} handler needs a model: model {context.model_name!r} has "
                                      f"no OpenVINO IR or ONNX file")
+        if not isinstance(context.model, HandlerModel):  # the built-ins run in the server's process
+            raise FailedPrecondition(f"the {self.name} handler runs in the server's process only")
         self.context = context
         self._model = context.model
         self.initialized = True

@@ -3,17 +3,20 @@
 The surface of TorchServe's ``ts.context.Context`` that handlers use (``manifest``,
 ``system_properties``, ``model_name``, ``request_ids``, request headers, sequence
 ids, response content type and status), plus ovserve's own ``context.model``:
-the compiled OpenVINO model (:class:`~.model.HandlerModel`), or None when the
-archive holds none. Each worker has its own context, as each TorchServe worker
+the compiled OpenVINO model (:class:`~.model.HandlerModel` in the server's process,
+:class:`~.worker_main.RemoteModel` in a worker process), or None when the archive holds none.
+Each worker has its own context, as each TorchServe worker
 process has; the batch fields are set before every ``handle`` call.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .model import HandlerModel
+if TYPE_CHECKING:  # a worker process's context.model is a RemoteModel: it loads none of the server's model code
+    from .model import HandlerModel
+    from .worker_main import RemoteModel
 
 #: what an intermediate message goes to: (request id, the handler's value for it)
 Send = Callable[[str, Any], None]
@@ -43,7 +46,7 @@ class Item:
 
 class Context:
     def __init__(self, model_name: str, model_dir: str, manifest: Mapping[str, Any], batch_size: int,
-                 model: HandlerModel | None, yaml_config: Mapping[str, Any] | None = None,
+                 model: HandlerModel | RemoteModel | None, yaml_config: Mapping[str, Any] | None = None,
                  server_version: str = "") -> None:
         self.model_name = model_name
         self.manifest = dict(manifest)

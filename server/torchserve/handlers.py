@@ -55,7 +55,11 @@ class Instance:
 
 
 class HandlerSpec:
-    """What ``handler`` names, resolved once per model version; :meth:`instantiate` per worker."""
+    """What ``handler`` names, resolved once per model version; :meth:`instantiate` per worker.
+
+    A handler file is only found here; it is imported by :meth:`load` (or the first
+    :meth:`instantiate`), in whichever process runs it: a handler that runs in worker
+    processes is never imported by the server."""
 
     def __init__(self, handler: str | None, model_dir: Path) -> None:
         self.text = handler or "auto"
@@ -63,23 +67,34 @@ class HandlerSpec:
         self.builtin: str | None = None
         self.module: ModuleType | None = None
         self.function: str | None = None
+        self.file = ""
         name = self.text
         if name in ALIASES:
             self.builtin = ALIASES[name]
             return
         file, _, function = name.partition(":")
         self.function = function or None
-        self.module = _load_module(file, model_dir)
-        if self.function is not None and not callable(getattr(self.module, self.function, None)):
+        self.file = file
+        _handler_file(file, model_dir)
+
+    def load(self) -> ModuleType:
+        """Import the handler's module (once) and check it offers a handler."""
+        if self.module is not None:
+            return self.module
+        name, file = self.text, self.file
+        module = _load_module(file, self.model_dir)
+        if self.function is not None and not callable(getattr(module, self.function, None)):
             raise InvalidInput(f"handler {name!r}: {file} has no function {self.function!r}")
-        if self.function is None and not callable(getattr(self.module, "handle", None)):
-            classes = _classes(self.module)
+        if self.function is None and not callable(getattr(module, "handle", None)):
+            classes = _classes(module)
             if len(classes) != 1:
                 raise InvalidInput(
                     f"handler {name!r}: expected a handle(data, context) function or exactly one class, "
                     f"found classes {[c.__name__ for c in classes]}")
             if not callable(getattr(classes[0], "handle", None)):
                 raise InvalidInput(f"handler {name!r}: class {classes[0].__name__} has no handle method")
+        self.module = module
+        return module
 
     def describe(self) -> str:
         return f"built-in {self.builtin}" if self.builtin else self.text
@@ -93,12 +108,12 @@ class HandlerSpec:
             from .builtin import BUILTIN  # the built-ins import OpenCV paths: only when used
             service = BUILTIN[self.builtin]()
             return Instance(service.handle, service.initialize, service.handle_async)
-        assert self.module is not None
-        function = self.function or ("handle" if callable(getattr(self.module, "handle", None)) else None)
+        module = self.load()
+        function = self.function or ("handle" if callable(getattr(module, "handle", None)) else None)
         if function is not None:
-            entry = getattr(self.module, function)
+            entry = getattr(module, function)
             return Instance(entry, lambda ctx: entry(None, ctx))
-        service = _classes(self.module)[0]()
+        service = _classes(module)[0]()
         init = getattr(service, "initialize", None)
         return Instance(service.handle, init if callable(init) else (lambda ctx: None))
 
@@ -158,13 +173,19 @@ def _classes(module: ModuleType) -> list[type]:
     return [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
 
 
-def _load_module(file: str, model_dir: Path) -> ModuleType:
+def _handler_file(file: str, model_dir: Path) -> tuple[str, Path]:
+    """The module name and file a handler names, which must be in the model's folder."""
     stem = file[:-3] if file.endswith(".py") else file
     stem = stem.split("/")[-1]
     path = model_dir / f"{stem}.py"
     if not stem.isidentifier() or not path.is_file():
         raise InvalidInput(f"handler {file!r}: no such handler file in the model ({path.name} is not there) "
                            f"and not a built-in handler ({', '.join(sorted(ALIASES))})")
+    return stem, path
+
+
+def _load_module(file: str, model_dir: Path) -> ModuleType:
+    stem, path = _handler_file(file, model_dir)
     from .tsimport import ensure_ts_importable
     ensure_ts_importable()
     unique = f"ovserve_handler_{next(_counter)}_{stem}"

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import orjson
-
 from ..errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -48,7 +46,9 @@ from ..version import __version__
 from .context import Context, Item
 from .handlers import HandlerSpec
 from .model import HandlerModel, Infer
-from .workers import Sink, Workers
+from .processes import ProcessRunner
+from .runners import LoopRunner, Runner, Sink, ThreadRunner
+from .workers import DEFAULT_MAX_WORKERS, Workers
 
 log = logging.getLogger("ovserve.torchserve")
 
@@ -63,6 +63,21 @@ class Store(Protocol):
 
     def fetch(self, url: str, name_hint: str | None = None) -> Path: ...
     def discard(self, folder: Path) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkerPolicy:
+    """Where and how many: the server's flags for handler workers."""
+
+    #: "process": a handler that is not ovserve's own runs in worker processes (TorchServe's isolation);
+    #: "thread": in threads of the server's process (faster; the handler shares the server's fate)
+    isolation: str = "process"
+    #: workers one model version may have at most (--ts-max-workers)
+    max_workers: int = DEFAULT_MAX_WORKERS
+    #: a worker process's data segment at most, in bytes (RLIMIT_DATA; 0: no bound)
+    memory_limit: int = 0
+    #: how long a worker's handler may take to initialize
+    startup_timeout_s: float = 120.0
 
 
 @dataclass(eq=False)
@@ -85,8 +100,10 @@ class Entry:
 class HandlerRegistry:
     def __init__(self, manager: ModelManager, infer: Infer, store: Store | None = None, work: Path | None = None,
                  model_api: bool = False, default_workers: Callable[[ModelVersion], int] | None = None,
-                 remove_work: bool = False, max_queued_requests: int = 0) -> None:
+                 remove_work: bool = False, max_queued_requests: int = 0,
+                 policy: WorkerPolicy | None = None) -> None:
         self.manager = manager
+        self.policy = policy or WorkerPolicy()
         #: the server's --max-queued-requests, a registered model's bound (a repository model has its own)
         self.max_queued_requests = max_queued_requests
         self.infer = infer
@@ -107,8 +124,7 @@ class HandlerRegistry:
         mv = self.manager.version(name, version)  # NotFound / Unavailable / InvalidInput
         entry = await self._entry(mv)
         item = Item(request_id=str(uuid.uuid4()), headers=headers, sequence_id=sequence_id)
-        emit = (lambda value: send(encode(value))) if send is not None else None
-        return encode(await entry.workers.submit(item, dict(inputs), emit))
+        return await entry.workers.submit(item, dict(inputs), send)
 
     async def _entry(self, mv: ModelVersion) -> Entry:
         entry = self.entries.get((mv.name, mv.version))
@@ -122,7 +138,7 @@ class HandlerRegistry:
                                          batch_size=1, delay_ms=DEFAULT_BATCH_DELAY_MS,
                                          timeout_s=DEFAULT_RESPONSE_TIMEOUT_S)
                 entry.loaded_at_startup = True
-                workers = self.default_workers(mv)
+                workers = min(self.default_workers(mv), entry.workers.bound)
                 await entry.workers.scale(workers, workers)
                 self.entries[(mv.name, mv.version)] = entry
         return entry
@@ -137,17 +153,33 @@ class HandlerRegistry:
         spec = HandlerSpec(handler, model_dir)
         handler_model = HandlerModel(mv.name, label, model.inputs, model.outputs, self.infer, loop,
                                      labels=_labels(mv.config.base_path / str(mv.version) / "labels.txt"))
+        where = f"model {mv.name!r} version {label}"
+        policy = self.policy
+        in_process = spec.builtin is not None or policy.isolation == "thread"
+        if in_process and spec.builtin is None:
+            spec.load()  # a handler that cannot load is refused at registration, before any worker starts
 
         def context() -> Context:
             return Context(mv.name, str(model_dir), manifest, batch_size, handler_model, yaml, __version__)
 
-        where = f"model {mv.name!r} version {label}"
+        settings = {"handler": spec.text, "model_dir": str(model_dir), "model_name": mv.name, "manifest": manifest,
+                    "batch_size": batch_size, "yaml": yaml, "server_version": __version__,
+                    "memory_limit": policy.memory_limit}
+
+        async def launch(number: int) -> Runner:
+            if spec.builtin is not None:
+                return await LoopRunner.start(spec, context(), where)
+            if policy.isolation == "thread":
+                return await ThreadRunner.start(spec, context(), where)
+            return await ProcessRunner.start(where, number, settings, handler_model, policy.startup_timeout_s)
+
         stateful = bool(sequences is not None and sequences.sequence_batching)
         idle_ms = (sequences.sequence_max_idle_ms or 0) if stateful else 0
         most = yaml.get("maxNumSequence")
-        workers = Workers(where, spec, context, batch_size, delay_ms / 1000, timeout_s, stateful=stateful,
+        workers = Workers(where, launch, batch_size, delay_ms / 1000, timeout_s, stateful=stateful,
                           sequence_idle_s=idle_ms / 1000,
-                          max_sequences=most if isinstance(most, int) and not isinstance(most, bool) else 0)
+                          max_sequences=most if isinstance(most, int) and not isinstance(most, bool) else 0,
+                          max_workers=policy.max_workers)
         # the handler queue takes the model's bound (config.json's max_queued_requests, else the flag's)
         workers.max_queued = model.options.max_queued_requests
         series = model.metrics
@@ -252,6 +284,11 @@ class HandlerRegistry:
         # the archive's model-config.yaml wins over initial_workers, as in TorchServe
         low = config.min_workers if config.min_workers is not None else reg.initial_workers
         high = config.max_workers if config.max_workers is not None else low
+        try:
+            entry.workers.check(low, high)
+        except ServerError:
+            await self.unregister(name, label, force=True)
+            raise
         scaling = entry.workers.scale(low, max(low, high))
         if reg.synchronous:
             try:
@@ -328,6 +365,7 @@ class HandlerRegistry:
             raise InvalidInput(f"max_worker ({high}) must not be below min_worker ({low})")
         mv = self.manager.version(s.model_name, s.model_version)
         entry = await self._entry(mv)
+        entry.workers.check(low, high)
         scaling = entry.workers.scale(low, high)
         if s.synchronous:
             if s.timeout > 0:
@@ -416,6 +454,7 @@ class HandlerRegistry:
             "workers": entry.workers.describe() if entry else [],
             "jobQueueStatus": {"remainingCapacity": entry.workers.remaining() if entry else 0,
                                "pendingRequests": entry.workers.pending() if entry else 0},
+            **(entry.workers.health() if entry else {}),
             "sequenceBatching": bool(entry and entry.workers.stateful),
             "openSequences": entry.workers.open_sequences() if entry else 0,
             # what TorchServe's gRPC API cannot tell: the model's own inputs and outputs
@@ -476,16 +515,3 @@ def _report(task: asyncio.Task[None], where: str) -> None:
     """An asynchronous scaling's failure, which no caller is waiting to hear."""
     if not task.cancelled() and task.exception() is not None:
         log.error("%s: workers did not start: %s", where, task.exception())
-
-
-def encode(value: Any) -> bytes:
-    """A handler's value as TorchServe sends it: bytes as they are, text in UTF-8, anything else as JSON."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode()
-    try:  # orjson writes what json.dumps(indent=2) does for the JSON types, in a tenth of the time
-        return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
-    except TypeError:  # what orjson refuses (a subclass of int, an integer past 64 bits) as json.dumps writes it
-        return json.dumps(value, indent=2).encode()
-

@@ -1,0 +1,297 @@
+"""Issue 34: a TorchServe handler runs in worker processes, and nothing it does ends the server.
+
+Each handler below does one of the things that took the whole server down while handlers ran
+in its threads: exits at import, exits or segfaults in ``handle``, allocates without bound (under
+the server's memory bound), never returns, fails in ``initialize``. The archives are made by
+the real ``torch-model-archiver``; the client is TorchServe's own gRPC stubs. After each, the
+server answers every other model and the same model's next worker serves.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import pytest
+from google.protobuf import empty_pb2
+
+from . import models
+from .mar import build_mar, stage_add_model, write_model_config
+from .servers import ServerProcess
+from .ts_stubs import ts_stubs
+
+pytestmark = pytest.mark.integration
+
+ts = ts_stubs()
+inference_pb2, inference_pb2_grpc = ts.inference_pb2, ts.inference_pb2_grpc
+management_pb2, management_pb2_grpc = ts.management_pb2, ts.management_pb2_grpc
+
+HANDLERS = {
+    "exit_at_import.py": '''
+        import sys
+        sys.exit(3)
+
+        def handle(data, context):
+            return ["never"]
+    ''',
+    # answers its pid and the model's sum; ends its process as the request says
+    "fragile.py": '''
+        import ctypes
+        import json
+        import os
+        import time
+
+        import numpy as np
+
+        hoard = []
+
+        def handle(data, context):
+            if data is None:
+                return None
+            out = []
+            for item in data:
+                what = item["data"]
+                if what == b"exit":
+                    os._exit(7)
+                if what == b"sys.exit":
+                    import sys
+                    sys.exit(5)
+                if what == b"segfault":
+                    ctypes.string_at(0)
+                if what == b"hang":
+                    time.sleep(3600)
+                if what == b"hoard":
+                    while True:
+                        hoard.append(bytearray(16 << 20))
+                x = np.arange(16, dtype=np.float32).reshape(1, 16)
+                y = context.model.infer({"x": x})["y"]
+                out.append(json.dumps({"pid": os.getpid(), "y0": float(y[0, 0])}))
+            return out
+    ''',
+    "init_fails.py": '''
+        class Broken:
+            def initialize(self, context):
+                raise RuntimeError("cannot start: no licence file")
+
+            def handle(self, data, context):
+                return ["never"]
+    ''',
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tsw")
+    built, xml, bin_ = stage_add_model(root, HANDLERS)
+    out = root / "store"
+    build_mar(out, "exits", "1.0", xml, [bin_], handler=built / "exit_at_import.py")
+    build_mar(out, "fragile", "1.0", xml, [bin_], handler=built / "fragile.py",
+              config_file=write_model_config(built / "fragile", min_workers=1, max_workers=1, response_timeout=2))
+    build_mar(out, "steady", "1.0", xml, [bin_], handler=built / "fragile.py",
+              config_file=write_model_config(built / "steady", min_workers=1, max_workers=1))
+    build_mar(out, "broken", "1.0", xml, [bin_], handler=built / "init_fails.py")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("repo")
+    models.save(models.add_one(), repo, "add")
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
+                          "--ts-inference-port", "0", "--ts-management-port", "0",
+                          "--model-store", str(store), "--ts-model-api", "true",
+                          "--ts-max-workers", "3", "--ts-worker-memory-mib", "384"])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def inference(server: ServerProcess) -> Iterator[Any]:
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as channel:
+        yield inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def management(server: ServerProcess, inference: Any) -> Iterator[Any]:
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-management']}") as channel:
+        stub = management_pb2_grpc.ManagementAPIsServiceStub(channel)
+        for name in ("fragile", "steady"):
+            stub.RegisterModel(management_pb2.RegisterModelRequest(url=f"{name}.mar", synchronous=True,
+                                                                   initial_workers=1), timeout=60)
+        yield stub
+
+
+def predict(stub: Any, model: str, data: bytes) -> bytes:
+    reply = stub.Predictions(inference_pb2.PredictionsRequest(model_name=model, input={"data": data}), timeout=60)
+    return bytes(reply.prediction)
+
+
+def fails(call: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()
+
+
+def describe(management: Any, name: str) -> dict[str, Any]:
+    reply = management.DescribeModel(management_pb2.DescribeModelRequest(model_name=name), timeout=10)
+    doc: dict[str, Any] = json.loads(reply.msg)[0]
+    return doc
+
+
+def served_by(inference: Any, model: str = "fragile", deadline: float = 30.0) -> int:
+    """The pid of the worker that answers ``model`` (waiting out a replacement's back-off)."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            doc = json.loads(predict(inference, model, b"ok"))
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:
+                raise
+            time.sleep(0.2)
+            continue
+        assert doc["y0"] == 1.0  # the model's own answer, through the server's inference path
+        return int(doc["pid"])
+
+
+def everything_else_serves(server: ServerProcess, inference: Any) -> None:
+    assert server.alive()
+    assert json.loads(inference.Ping(empty_pb2.Empty(), timeout=10).health)["status"] in ("Healthy", "Unhealthy")
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]})
+    assert json.loads(predict(inference, "add", body.encode()))["outputs"][0]["data"] == [2.0] * 16
+    assert json.loads(predict(inference, "steady", b"ok"))["y0"] == 1.0
+
+
+def gone(pid: int, within: float = 10.0) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    return True  # exited, not yet reaped
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_handler_workers_are_processes_of_their_own(server: ServerProcess, inference: Any,
+                                                    management: Any) -> None:
+    pid = served_by(inference)
+    assert pid != server.pid
+    doc = describe(management, "fragile")
+    assert [w["pid"] for w in doc["workers"]] == [pid]
+    assert doc["workers"][0]["memoryUsage"] > 1 << 20  # the worker's own resident memory
+    # ovserve's built-in handlers stay on the server's event loop
+    assert {w["pid"] for w in describe(management, "add")["workers"]} == {server.pid}
+
+
+def test_a_handler_that_exits_at_import_fails_its_registration_alone(server: ServerProcess, inference: Any,
+                                                                     management: Any) -> None:
+    code, details = fails(lambda: management.RegisterModel(management_pb2.RegisterModelRequest(
+        url="exits.mar", synchronous=True, initial_workers=1), timeout=60))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "exited with code 3 while starting" in details, details
+    everything_else_serves(server, inference)
+    listed = json.loads(management.ListModels(management_pb2.ListModelsRequest(), timeout=10).msg)
+    assert "exits" not in [m["modelName"] for m in listed["models"]]
+
+
+def test_a_handler_that_fails_to_initialize_is_refused_by_its_reason(server: ServerProcess, inference: Any,
+                                                                   management: Any) -> None:
+    code, details = fails(lambda: management.RegisterModel(management_pb2.RegisterModelRequest(
+        url="broken.mar", synchronous=True, initial_workers=1), timeout=60))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "RuntimeError: cannot start: no licence file" in details, details
+    everything_else_serves(server, inference)
+
+
+@pytest.mark.parametrize(("request_", "how"), [
+    (b"exit", "exited with code 7"),
+    (b"sys.exit", "exited with code 5"),
+    (b"segfault", "was killed by signal 11 (SIGSEGV)"),
+])
+def test_a_worker_that_dies_answers_its_request_and_is_replaced(server: ServerProcess, inference: Any,
+                                                               management: Any, request_: bytes, how: str) -> None:
+    before = served_by(inference)
+    restarts = describe(management, "fragile")["workerRestarts"]
+    code, details = fails(lambda: predict(inference, "fragile", request_))
+    assert code is grpc.StatusCode.INTERNAL
+    assert how in details and "while handling the request" in details, details
+    assert gone(before)
+    everything_else_serves(server, inference)
+    after = served_by(inference)
+    assert after != before
+    doc = describe(management, "fragile")
+    assert doc["workerRestarts"] == restarts + 1
+    assert how in doc["lastWorkerExit"]
+    assert [w["pid"] for w in doc["workers"]] == [after]
+
+
+def test_a_handler_past_the_response_timeout_has_its_worker_killed(server: ServerProcess, inference: Any,
+                                                                  management: Any) -> None:
+    before = served_by(inference)
+    code, details = fails(lambda: predict(inference, "fragile", b"hang"))
+    assert code is grpc.StatusCode.DEADLINE_EXCEEDED and "response timeout (2 s)" in details, details
+    assert gone(before)  # a process can be stopped, where a thread could not
+    everything_else_serves(server, inference)
+    assert served_by(inference) != before
+
+
+def test_a_handler_that_allocates_without_bound_meets_the_memory_bound(server: ServerProcess, inference: Any,
+                                                                      management: Any) -> None:
+    before = served_by(inference)
+    code, details = fails(lambda: predict(inference, "fragile", b"hoard"))
+    assert code is grpc.StatusCode.INTERNAL and "MemoryError" in details, details
+    everything_else_serves(server, inference)
+    assert served_by(inference) == before  # the handler failed, its worker stayed up
+    assert describe(management, "fragile")["workers"][0]["memoryUsage"] < 384 << 20
+
+
+def test_while_no_worker_is_up_requests_are_unavailable_saying_why(server: ServerProcess, inference: Any,
+                                                                   management: Any) -> None:
+    served_by(inference)
+    # the first loss is replaced at once (the request waits for the replacement, and ends it too) ...
+    for _ in range(2):
+        code, _ = fails(lambda: predict(inference, "fragile", b"exit"))
+        assert code is grpc.StatusCode.INTERNAL
+    # ... the second in a row after a back-off, while which nothing waits
+    code, details = fails(lambda: predict(inference, "fragile", b"ok"))
+    assert code is grpc.StatusCode.UNAVAILABLE
+    assert "none of its workers is up" in details and "exited with code 7" in details, details
+    assert describe(management, "fragile")["workersStarting"] == 1
+    served_by(inference)  # and then it serves again
+    everything_else_serves(server, inference)
+
+
+def test_workers_are_bounded_by_the_flag(inference: Any, management: Any) -> None:
+    code, details = fails(lambda: management.ScaleWorker(management_pb2.ScaleWorkerRequest(
+        model_name="fragile", min_worker=4, max_worker=4, synchronous=True), timeout=30))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "4 workers" in details and "--ts-max-workers" in details, details
+    reply = management.ScaleWorker(management_pb2.ScaleWorkerRequest(
+        model_name="steady", min_worker=3, max_worker=3, synchronous=True), timeout=60)
+    assert "Workers scaled to 3" in reply.msg
+    pids = {w["pid"] for w in describe(management, "steady")["workers"]}
+    assert len(pids) == 3
+    management.ScaleWorker(management_pb2.ScaleWorkerRequest(model_name="steady", min_worker=1, max_worker=1,
+                                                             synchronous=True), timeout=60)
+    assert len(describe(management, "steady")["workers"]) == 1
+    left = pids - {w["pid"] for w in describe(management, "steady")["workers"]}
+    assert all(gone(pid) for pid in left)  # scaled-down workers' processes end
+
+
+def test_unregistering_ends_the_worker_processes(server: ServerProcess, management: Any, inference: Any) -> None:
+    management.RegisterModel(management_pb2.RegisterModelRequest(url="steady.mar", model_name="temp",
+                                                                 synchronous=True, initial_workers=1), timeout=60)
+    management.ScaleWorker(management_pb2.ScaleWorkerRequest(model_name="temp", min_worker=2, max_worker=2,
+                                                             synchronous=True), timeout=60)
+    pids = [w["pid"] for w in describe(management, "temp")["workers"]]
+    assert len(pids) == 2 and server.pid not in pids
+    management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="temp"), timeout=30)
+    assert all(gone(pid) for pid in pids)
+    assert os.path.exists(f"/proc/{server.pid}")
