@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = settings_from_args(ns)
-        settings.mode()
+        settings.check()
     except ValueError as exc:
         parser.serve_parser.error(str(exc))  # type: ignore[attr-defined]
     configure_logging(settings.log_level)

@@ -161,6 +161,15 @@ class Settings(ProcessSettings):
     #: The --metrics-port listener's exception to the shared TLS flags (server/tls.py).
     metrics_tls: TlsOverride | None = None
 
+    def check(self) -> None:
+        """What the flags say together, and the folders they name, checked before anything starts: a
+        ValueError naming the flag (a usage error)."""
+        self.mode()
+        store = self.model_store
+        if store is not None and not store.is_dir():  # not at the first RegisterModel (issue 34)
+            raise ValueError(f"--model-store {str(store)!r}: "
+                             f"{'not a folder' if store.exists() else 'no such folder'}")
+
     def mode(self) -> str:
         chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),
                                    ("single", self.model_path)) if v is not None]
