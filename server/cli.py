@@ -119,7 +119,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
          "comma-separated regular expressions a RegisterModel URL (file://, http(s)://) must match whole; "
          "default: nothing outside the model store")
     _add(ts, "--ts-model-api", boolean, False,
-         "allow RegisterModel and UnregisterModel (TorchServe's enable_model_api); off: PERMISSION_DENIED")
+         "allow RegisterModel and UnregisterModel (TorchServe's enable_model_api); off: PERMISSION_DENIED; "
+         "the flag alone means true", nargs="?", const=True, metavar="BOOL")
     _add(ts, "--ts-work-dir", Path, None, "where registered models are unpacked (default: a fresh temporary folder)")
     add_tls_override(ts, "ts-inference", "TorchServe's inference listener")
     add_tls_override(ts, "ts-management", "TorchServe's management listener")
