@@ -114,6 +114,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
          "TorchServe's gRPC inference API (Ping, Predictions, streams); 0 picks a free port; unset: off")
     _add(ts, "--ts-management-port", port, None,
          "TorchServe's gRPC management API (register, scale, list, describe); 0 picks a free port; unset: off")
+    _add(ts, "--ts-management-host", str, d.ts_management_host,
+         "address TorchServe's management listener binds, whatever --host says (TorchServe's management_address); "
+         "beyond loopback, give it a token (--auth-management-token-file) and TLS", metavar="ADDRESS")
     _add(ts, "--model-store", Path, None, "folder RegisterModel finds archives (.mar) and model folders in")
     _add(ts, "--allowed-urls", _regexes, (),
          "comma-separated regular expressions a RegisterModel URL (file://, http(s)://) must match whole; "

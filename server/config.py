@@ -138,8 +138,11 @@ class Settings(ProcessSettings):
     max_queued_requests: int = 0
     #: TorchServe's gRPC inference API port (None = off, 0 = an ephemeral port, logged at start).
     ts_inference_port: int | None = None
-    #: TorchServe's gRPC management API port (None = off, 0 = an ephemeral port).
+    #: TorchServe's gRPC management API port (None = off, 0 = an ephemeral port) ...
     ts_management_port: int | None = None
+    #: ... and the address it binds, whatever ``host`` says: loopback unless asked (TorchServe's
+    #: management_address default since its CVE-2024-35199 fix).
+    ts_management_host: str = "127.0.0.1"
     #: Where RegisterModel finds archives and model folders by name (TorchServe's model store).
     model_store: Path | None = None
     #: Regular expressions a RegisterModel URL must match whole (TorchServe's allowed_urls); none by default.
