@@ -4,7 +4,10 @@ driven through TorchServe's own stubs (tests/ts_stubs.py) and grpcio.
 - TorchServe's management listener (RegisterModel, UnregisterModel, ScaleWorker) binds 127.0.0.1 whatever
   ``--host`` says, as TorchServe's management_address does since its CVE-2024-35199 fix; its own
   ``--ts-management-host`` opens it, and the log warns while it is open without a token or TLS;
-- ``--ts-model-api`` alone turns the model API on, as ``--metrics-enable`` does.
+- ``--ts-model-api`` alone turns the model API on, as ``--metrics-enable`` does;
+- a name or URL of 20,000 characters is answered with a short message (NOT_FOUND or INVALID_ARGUMENT under
+  2 KB) on every TorchServe RPC and on KServe V2 gRPC and REST: a 20 KB ``grpc-message`` is past the 16 KiB
+  of headers gRPC clients take, and the client saw its own RESOURCE_EXHAUSTED instead of the error.
 
 The missing ``--model-store`` is a usage error: tests/test_cli.py. The parser and the warning's cases without
 a server: tests/test_ts_safe_unit.py.
@@ -19,6 +22,8 @@ from typing import Any, Callable, Iterator
 import grpc
 import pytest
 import requests
+from tritonclient.grpc import service_pb2 as kserve_pb
+from tritonclient.grpc import service_pb2_grpc as kserve_pb_grpc
 
 from . import models
 from .client_proxies import Certs, make_certs
@@ -34,6 +39,9 @@ management_pb2, management_pb2_grpc = ts.management_pb2, ts.management_pb2_grpc
 #: another address of this machine's loopback: a listener on 0.0.0.0 answers it, one on 127.0.0.1 does not
 OTHER_LOOPBACK = "127.0.0.2"
 WARNING = "TorchServe's management API listens beyond loopback"
+LONG = "m" * 20_000
+#: what an error may say at most (common/errors.py's LONGEST_MESSAGE and its "(N characters cut)")
+SHORT = 2100
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +74,12 @@ def management(server: ServerProcess) -> Iterator[Any]:
 def inference(server: ServerProcess) -> Iterator[Any]:
     with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as channel:
         yield inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def kserve(server: ServerProcess) -> Iterator[Any]:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        yield kserve_pb_grpc.GRPCInferenceServiceStub(channel)
 
 
 def refused(host: str, port: int) -> bool:
@@ -182,6 +196,111 @@ def test_the_bare_ts_model_api_flag_allows_registration(inference: Any, manageme
         assert json.loads(answer.prediction)["predictions"] == [[2.0, 3.0, 4.0, 5.0]]
     finally:
         management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="plus"), timeout=60)
+
+
+# -- long names and URLs: a short message, the right code ------------------------------------------------
+
+def _ts_calls(inference: Any, management: Any) -> dict[str, Callable[[], Any]]:
+    m = management_pb2
+    return {
+        "Predictions": lambda: inference.Predictions(inference_pb2.PredictionsRequest(model_name=LONG,
+                                                                                      input={"data": b"{}"})),
+        "Predictions version": lambda: inference.Predictions(inference_pb2.PredictionsRequest(
+            model_name="add", model_version=LONG, input={"data": b"{}"})),
+        "StreamPredictions": lambda: list(inference.StreamPredictions(inference_pb2.PredictionsRequest(
+            model_name=LONG, input={"data": b"{}"}))),
+        "RegisterModel model_name": lambda: management.RegisterModel(m.RegisterModelRequest(url="plus",
+                                                                                             model_name=LONG)),
+        "RegisterModel url": lambda: management.RegisterModel(m.RegisterModelRequest(url=LONG)),
+        "RegisterModel url in the store": lambda: management.RegisterModel(m.RegisterModelRequest(url=LONG[:4000])),
+        "RegisterModel file url": lambda: management.RegisterModel(m.RegisterModelRequest(
+            url="file:///" + LONG[:4000])),
+        "RegisterModel http url": lambda: management.RegisterModel(m.RegisterModelRequest(
+            url="https://" + LONG[:4000] + ".example/m.mar")),
+        "DescribeModel": lambda: management.DescribeModel(m.DescribeModelRequest(model_name=LONG)),
+        "DescribeModel version": lambda: management.DescribeModel(m.DescribeModelRequest(model_name="add",
+                                                                                         model_version=LONG)),
+        "UnregisterModel": lambda: management.UnregisterModel(m.UnregisterModelRequest(model_name=LONG)),
+        "ScaleWorker": lambda: management.ScaleWorker(m.ScaleWorkerRequest(model_name=LONG, min_worker=1)),
+        "SetDefault": lambda: management.SetDefault(m.SetDefaultRequest(model_name=LONG, model_version="1")),
+        "SetDefault version": lambda: management.SetDefault(m.SetDefaultRequest(model_name="add",
+                                                                                model_version=LONG)),
+    }
+
+
+TS_CALLS = list(_ts_calls(None, None))
+
+
+def _short_error(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    details = err.value.details() or ""
+    assert len(details.encode()) < SHORT, (err.value.code(), len(details), details[:300])
+    return err.value.code(), details
+
+
+@pytest.mark.parametrize("name", TS_CALLS)
+def test_a_20000_character_name_or_url_gets_a_short_message_on_torchserve(inference: Any, management: Any,
+                                                                          name: str) -> None:
+    code, details = _short_error(_ts_calls(inference, management)[name])
+    if name.endswith(("file url", "http url")):  # outside the store, and no --allowed-urls: refused unopened
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED), (code, details)
+    else:
+        assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT), (code, details)
+    assert "mmmm" in details or "url" in details, details
+
+
+def test_a_20000_character_name_on_stream_predictions2_is_answered_in_band_shortly(inference: Any) -> None:
+    request = inference_pb2.PredictionsRequest(model_name=LONG, input={"data": b"{}"}, sequence_id="s")
+    (reply,) = list(inference.StreamPredictions2(iter([request]), timeout=30))
+    assert reply.status.code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert "mmmm" in reply.status.message and len(reply.status.message) < SHORT, len(reply.status.message)
+
+
+def _kserve_calls(kserve: Any) -> dict[str, Callable[[], Any]]:
+    x = kserve_pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 4])
+    x.contents.fp32_contents.extend([0.0] * 4)
+    return {
+        "ModelInfer": lambda: kserve.ModelInfer(kserve_pb.ModelInferRequest(model_name=LONG, inputs=[x])),
+        "ModelInfer version": lambda: kserve.ModelInfer(kserve_pb.ModelInferRequest(model_name="add",
+                                                                                    model_version=LONG, inputs=[x])),
+        "ModelMetadata": lambda: kserve.ModelMetadata(kserve_pb.ModelMetadataRequest(name=LONG)),
+        "ModelReady": lambda: kserve.ModelReady(kserve_pb.ModelReadyRequest(name=LONG)),
+        "RepositoryModelLoad": lambda: kserve.RepositoryModelLoad(kserve_pb.RepositoryModelLoadRequest(
+            model_name=LONG)),
+        "RepositoryModelUnload": lambda: kserve.RepositoryModelUnload(kserve_pb.RepositoryModelUnloadRequest(
+            model_name=LONG)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_kserve_calls(None)))
+def test_a_20000_character_name_gets_a_short_message_on_kserve_grpc(kserve: Any, name: str) -> None:
+    code, details = _short_error(_kserve_calls(kserve)[name])
+    assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT), (code, details)
+
+
+def test_a_20000_character_name_in_model_stream_infer_is_answered_in_band_shortly(kserve: Any) -> None:
+    (reply,) = list(kserve.ModelStreamInfer(iter([kserve_pb.ModelInferRequest(model_name=LONG)]), timeout=30))
+    assert "mmmm" in reply.error_message and len(reply.error_message) < SHORT, len(reply.error_message)
+
+
+BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4}]}
+
+
+@pytest.mark.parametrize("method, path", [
+    ("POST", f"/v2/models/{LONG}/infer"),
+    ("POST", f"/v2/models/add/versions/{LONG}/infer"),
+    ("GET", f"/v2/models/{LONG}"),
+    ("GET", f"/v2/models/{LONG}/ready"),
+    ("POST", f"/v1/models/{LONG}:predict"),
+    ("POST", f"/v2/repository/models/{LONG}/load"),
+    ("GET", f"/v2/models/{LONG}/no-such-route"),  # no route: the path is quoted, and cut
+    ("GET", f"/{LONG}"),
+])
+def test_a_20000_character_name_gets_a_short_message_over_rest(server: ServerProcess, method: str, path: str) -> None:
+    resp = requests.request(method, server.url + path, json=BODY if method == "POST" else None, timeout=20)
+    assert resp.status_code in (400, 404), (resp.status_code, resp.text[:300])
+    assert len(resp.content) < SHORT, (len(resp.content), resp.text[:300])
 
 
 def test_the_server_serves_on_and_logged_no_traceback(server: ServerProcess, inference: Any) -> None:

@@ -1,7 +1,9 @@
-"""Safe by default (issue 34, part 3) without a server: how the flags parse, and which settings the start-up
-warning names. The server side, driven through TorchServe's stubs: tests/test_ts_safe.py."""
+"""Safe by default (issue 34, part 3) without a server: how the flags parse, which settings the start-up
+warning names, and the transports' error mapping cutting what it quotes. The server side, driven through
+TorchServe's stubs: tests/test_ts_safe.py."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -95,3 +97,32 @@ def test_a_model_store_that_is_not_there_is_refused_by_the_settings(tmp_path: Pa
         Settings(model_repository=tmp_path, model_store=tmp_path / "file").check()
     with pytest.raises(ValueError, match="choose exactly one"):  # the mode is checked first, as before
         Settings(model_store=tmp_path / "nope").check()
+
+
+def test_rest_errors_are_cut_whatever_raised_them() -> None:
+    from ovserve.server.transports.rest.http import error_response
+
+    body = json.loads(error_response(404, f"no route for GET /{'m' * 20_000}").body)
+    assert len(body["error"]) < 300 and body["error"].startswith("no route for GET /mmm"), body
+    assert body["error"].endswith("(20001 characters)"), body
+
+
+def test_grpc_errors_are_cut_whatever_set_their_message() -> None:
+    """The gRPC mapping cuts what it sends, as REST's does, even a message set after the error was made."""
+    import asyncio
+
+    from ovserve.server.errors import NotFound
+    from ovserve.server.transports.grpc.calls import abort, in_band
+
+    class Context:
+        said: tuple[Any, str]
+
+        async def abort(self, code: Any, details: str) -> None:
+            self.said = (code, details)
+
+    err = NotFound("model 'm' is not served")
+    err.message = f"model {'m' * 20_000!r} is not served"
+    context = Context()
+    asyncio.run(abort(context, err))
+    assert context.said[0].name == "NOT_FOUND" and len(context.said[1]) < 300, len(context.said[1])
+    assert len(in_band(err, "ModelStreamInfer")) < 300
