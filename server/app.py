@@ -58,13 +58,16 @@ class Listener(Protocol):
 
 class Server:
     """A data plane and its listeners, each given the port to bind (0: a free one) and, by name in
-    ``tls``, its TLS (:func:`.tls.for_settings`)."""
+    ``tls``, its TLS (:func:`.tls.for_settings`). Every listener binds ``host`` but those ``hosts`` names
+    (flag ``--<name>-host``: TorchServe's management listener)."""
 
     def __init__(self, dataplane: DataPlane, listeners: list[tuple[Listener, int]], host: str,
-                 grace_period: float, tls: Mapping[str, ServerTls] | None = None, drain_delay: float = 0.0) -> None:
+                 grace_period: float, tls: Mapping[str, ServerTls] | None = None, drain_delay: float = 0.0,
+                 hosts: Mapping[str, str] | None = None) -> None:
         self.dataplane = dataplane
         self.listeners = listeners
         self.host = host
+        self.hosts = dict(hosts or {})
         self.grace_period = grace_period
         self.drain_delay = drain_delay
         self.tls = dict(tls or {})
@@ -75,12 +78,14 @@ class Server:
 
     async def start(self) -> None:
         for listener, port in self.listeners:
+            host = self.host_of(listener.name)
             try:
-                self.ports[listener.name] = listener.bind(self.host, port, self.tls.get(listener.name))
+                self.ports[listener.name] = listener.bind(host, port, self.tls.get(listener.name))
             except OSError as exc:  # the flag and the value, not only the OS's words (issue 37, item 8)
-                where = f"{self.host}:{port}" if port else f"{self.host} (a free port)"
+                where = f"{host}:{port}" if port else f"{host} (a free port)"
                 reason = exc.strerror or "the address is in use, or not one of this machine's"
-                raise OSError(f"{listener.name} cannot listen on {where} (--{listener.name}-port, --host): "
+                flag = f"--{listener.name}-host" if listener.name in self.hosts else "--host"
+                raise OSError(f"{listener.name} cannot listen on {where} (--{listener.name}-port, {flag}): "
                               f"{reason}") from None
         self.bound = True
         for listener, _ in self.listeners:
@@ -88,7 +93,7 @@ class Server:
         self.dataplane.live = True
         for listener, _ in self.listeners:
             tls = self.tls.get(listener.name)
-            log.info(ports.LISTENING, listener.name, self.host, self.ports[listener.name],
+            log.info(ports.LISTENING, listener.name, self.host_of(listener.name), self.ports[listener.name],
                      listener.description if tls is None else f"{listener.description}; {tls.files.describe()}")
         log.info(ports.BOUND, ports.bound_line(self.ports))
         await self.dataplane.start()
@@ -99,6 +104,10 @@ class Server:
         # again under load (the usual long-running-server practice; docs/performance.md "Memory").
         gc.collect()
         gc.freeze()
+
+    def host_of(self, name: str) -> str:
+        """The address listener ``name`` binds."""
+        return self.hosts.get(name, self.host)
 
     async def serve_on(self, hurry: asyncio.Event) -> None:
         """After SIGTERM: serve as usual for ``drain_delay`` seconds, or until ``hurry`` is set (a second

@@ -114,12 +114,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
          "TorchServe's gRPC inference API (Ping, Predictions, streams); 0 picks a free port; unset: off")
     _add(ts, "--ts-management-port", port, None,
          "TorchServe's gRPC management API (register, scale, list, describe); 0 picks a free port; unset: off")
+    _add(ts, "--ts-management-host", str, d.ts_management_host,
+         "address TorchServe's management listener binds, whatever --host says (TorchServe's management_address); "
+         "beyond loopback, give it a token (--auth-management-token-file) and TLS", metavar="ADDRESS")
     _add(ts, "--model-store", Path, None, "folder RegisterModel finds archives (.mar) and model folders in")
     _add(ts, "--allowed-urls", _regexes, (),
          "comma-separated regular expressions a RegisterModel URL (file://, http(s)://) must match whole; "
          "default: nothing outside the model store")
     _add(ts, "--ts-model-api", boolean, False,
-         "allow RegisterModel and UnregisterModel (TorchServe's enable_model_api); off: PERMISSION_DENIED")
+         "allow RegisterModel and UnregisterModel (TorchServe's enable_model_api); off: PERMISSION_DENIED; "
+         "the flag alone means true", nargs="?", const=True, metavar="BOOL")
     _add(ts, "--ts-work-dir", Path, None, "where registered models are unpacked (default: a fresh temporary folder)")
     _add(ts, "--ts-workers", str, d.ts_workers,
          "where a handler that is not ovserve's own runs: process (a process per worker, as TorchServe: a handler "
@@ -198,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = settings_from_args(ns)
-        settings.mode()
+        settings.check()
     except ValueError as exc:
         parser.serve_parser.error(str(exc))  # type: ignore[attr-defined]
     configure_logging(settings.log_level)

@@ -138,8 +138,11 @@ class Settings(ProcessSettings):
     max_queued_requests: int = 0
     #: TorchServe's gRPC inference API port (None = off, 0 = an ephemeral port, logged at start).
     ts_inference_port: int | None = None
-    #: TorchServe's gRPC management API port (None = off, 0 = an ephemeral port).
+    #: TorchServe's gRPC management API port (None = off, 0 = an ephemeral port) ...
     ts_management_port: int | None = None
+    #: ... and the address it binds, whatever ``host`` says: loopback unless asked (TorchServe's
+    #: management_address default since its CVE-2024-35199 fix).
+    ts_management_host: str = "127.0.0.1"
     #: Where RegisterModel finds archives and model folders by name (TorchServe's model store).
     model_store: Path | None = None
     #: Regular expressions a RegisterModel URL must match whole (TorchServe's allowed_urls); none by default.
@@ -166,6 +169,15 @@ class Settings(ProcessSettings):
     metrics_port: int | None = None
     #: The --metrics-port listener's exception to the shared TLS flags (server/tls.py).
     metrics_tls: TlsOverride | None = None
+
+    def check(self) -> None:
+        """What the flags say together, and the folders they name, checked before anything starts: a
+        ValueError naming the flag (a usage error)."""
+        self.mode()
+        store = self.model_store
+        if store is not None and not store.is_dir():  # not at the first RegisterModel (issue 34)
+            raise ValueError(f"--model-store {str(store)!r}: "
+                             f"{'not a folder' if store.exists() else 'no such folder'}")
 
     def mode(self) -> str:
         chosen = [m for m, v in (("repository", self.model_repository), ("config", self.config),

@@ -24,6 +24,7 @@ from ovserve.common.errors import (
     Unauthenticated,
     Unavailable,
     Unsupported,
+    bounded,
     grpc_status,
     http_status,
     statuses,
@@ -33,4 +34,4 @@ __all__ = ["ServerError", "InvalidInput", "NotFound", "Unavailable", "PayloadToo
            "AlreadyExists", "PermissionDenied", "Unauthenticated", "Overloaded",
            "Unsupported", "DeadlineExceeded", "InternalError", "HTTP_STATUS", "GRPC_STATUS", "statuses",
            "http_status", "grpc_status", "RETRY_AFTER_HEADER", "PUSHBACK_METADATA",
-           "RETRY_AFTER_METADATA"]
+           "RETRY_AFTER_METADATA", "bounded"]

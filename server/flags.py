@@ -107,7 +107,8 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
         return [flag.replace("-", "_").replace("__", "--", 1)] if kserve else []
 
     net = parser.add_argument_group("listeners")
-    add(net, "--host", str, defaults.host, "address every listener binds")
+    add(net, "--host", str, defaults.host,
+        "address every listener binds (but TorchServe's management listener: serve's --ts-management-host)")
     add(net, "--rest-port", port_number, defaults.rest_port, "KServe V1/V2 REST port; 0 picks a free port (logged)",
         aliases=["--http_port", "--http-port"] if kserve else [])
     add(net, "--grpc-port", port, defaults.grpc_port,

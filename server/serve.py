@@ -1,6 +1,7 @@
 """``ovserve serve``: the model server's data plane and its listeners, from the settings."""
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from .app import Listener, Server, run
 from .codecs import images
 from .config import Settings
 from .gate import gate_from_settings
+from .gate.exposure import exposed_management
 from .model_server import ModelServer
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
@@ -20,6 +22,8 @@ from .transports.grpc_v2 import servicer as kserve_grpc
 from .transports.rest.listener import RestListener
 from .transports.torchserve import inference as ts_inference
 from .transports.torchserve import management as ts_management
+
+log = logging.getLogger("ovserve")
 
 
 def make_source(settings: Settings) -> Source:
@@ -80,9 +84,11 @@ def build(settings: Settings) -> Server:
                                        settings.grpc_engine, gate), settings.ts_management_port))
     if dataplane.metrics is not None:
         monitoring.add_listeners(listeners, dataplane, settings)
-    return Server(dataplane, listeners, settings.host, settings.grace_period,
-                  tls.for_settings(settings, [listener.name for listener, _ in listeners]),
-                  drain_delay=settings.drain_delay)
+    by_name = tls.for_settings(settings, [listener.name for listener, _ in listeners])
+    if settings.ts_management_port is not None and (warning := exposed_management(settings, by_name)):
+        log.warning("%s", warning)
+    return Server(dataplane, listeners, settings.host, settings.grace_period, by_name,
+                  drain_delay=settings.drain_delay, hosts={"ts-management": settings.ts_management_host})
 
 
 async def serve(settings: Settings) -> int:

@@ -79,3 +79,24 @@ def test_a_port_from_the_environment_out_of_range_is_refused(tmp_path: Path) -> 
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "OVSERVE_GRPC_PORT": "99999"})
     assert done.returncode != 0 and "OVSERVE_GRPC_PORT='99999' is not valid" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("store", ["nope", "a-file"])
+def test_a_model_store_that_is_not_a_folder_is_a_one_line_usage_error(store: str, tmp_path: Path) -> None:
+    """Issue 34: it was an error only at the first RegisterModel (NOT_FOUND for every name), long after start."""
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / store
+    done = ovserve("serve", "--model-repository", str(tmp_path), "--ts-management-port", "0", "--model-store", str(path))
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # argparse's usage, then the error on one line
+    assert last == f"ovserve serve: error: --model-store {str(path)!r}: " + (
+        "no such folder" if store == "nope" else "not a folder"), done.stderr
+    assert "Traceback" not in done.stderr and "listening" not in done.stderr, done.stderr
+
+
+def test_a_model_store_from_the_environment_is_checked_as_the_flag(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "ovserve.server", "serve", "--model-repository", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OVSERVE_MODEL_STORE": str(tmp_path / "gone")})
+    assert done.returncode == 2 and f"--model-store {str(tmp_path / 'gone')!r}: no such folder" in done.stderr, \
+        done.stderr

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
-from ...errors import PUSHBACK_METADATA, RETRY_AFTER_METADATA, Overloaded, ServerError, Unavailable, grpc_status
+from ...errors import (
+    PUSHBACK_METADATA,
+    RETRY_AFTER_METADATA,
+    Overloaded,
+    ServerError,
+    Unavailable,
+    bounded,
+    grpc_status,
+)
 from ...gate import INFERENCE, OPEN_GATE, Access, Gate
 from ...metrics.calls import Call
 from .gate import gated_stream, gated_unary
@@ -80,7 +88,9 @@ async def abort(context: Any, exc: ServerError, pushback: bool = True) -> None:
         ms = exc.pushback_ms()
         hints = ((RETRY_AFTER_METADATA, ms), (PUSHBACK_METADATA, ms)) if pushback else ((RETRY_AFTER_METADATA, ms),)
         context.set_trailing_metadata((*tuple(context.trailing_metadata() or ()), *hints))
-    await context.abort(status_of(exc), exc.message)
+    # cut as a ServerError's own message is, whatever set it: a grpc-message past the 16 KiB of headers a
+    # gRPC client takes reaches it as its own RESOURCE_EXHAUSTED instead of this error
+    await context.abort(status_of(exc), bounded(exc.message))
 
 
 class InFlight:
@@ -235,6 +245,6 @@ def bidi(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]
 def in_band(exc: Exception, method: str) -> str:
     """The message a stream answers in-band for one failed message (the unexpected logged once)."""
     if isinstance(exc, ServerError):
-        return exc.message
+        return bounded(exc.message)
     log.error("unexpected error in %s", method, exc_info=exc)
     return f"internal error: {type(exc).__name__}"

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...dataplane import DataPlane
-from ...errors import InvalidInput, PayloadTooLarge
+from ...errors import InvalidInput, PayloadTooLarge, bounded
 
 
 class JSON(Response):
@@ -19,7 +19,9 @@ class JSON(Response):
 
 
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSON:
-    return JSON({"error": message}, status_code=status, headers=headers)
+    """``{"error": message}``, the message cut as every error's is (:func:`~ovserve.server.errors.bounded`):
+    what is not a ServerError (no route for a 20,000-character path) is cut here too."""
+    return JSON({"error": bounded(message)}, status_code=status, headers=headers)
 
 
 #: bodies declared up to this size get their buffer at once; larger ones grow as data arrives
