@@ -23,7 +23,7 @@ from .handoff import Handoff
 from .repository.manager import ModelManager, ModelVersion
 from .repository.states import State
 from .runtime.memory import release_free_memory
-from .runtime.openvino import OpenVINOModel
+from .runtime.openvino import LoadOptions, OpenVINOModel
 from .torchserve.registry import HandlerRegistry, Store, WorkerPolicy
 from .types import (
     Headers,
@@ -54,7 +54,7 @@ PLATFORM = "OpenVINO"
 class ModelServer(DataPlane):
     def __init__(self, manager: ModelManager, store: Store | None = None, work: Path | None = None,
                  model_api: bool = False, remove_work: bool = False, metrics: Metrics | None = None,
-                 max_queued_requests: int = 0, ts_policy: WorkerPolicy | None = None) -> None:
+                 registered_defaults: LoadOptions | None = None, ts_policy: WorkerPolicy | None = None) -> None:
         super().__init__()
         self.manager = manager
         self.metrics = metrics
@@ -64,7 +64,7 @@ class ModelServer(DataPlane):
             manager.on_state = self._state_changed
         #: TorchServe's handlers and model management, over the same models
         self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work,
-                                        max_queued_requests=max_queued_requests, policy=ts_policy)
+                                        registered_defaults=registered_defaults, policy=ts_policy)
         # OpenCV releases the GIL: requests' images decode off the loop, a batch's images in parallel.
         self._decode_requests = Handoff(os.cpu_count() or 2, "ovserve-images")
         self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")

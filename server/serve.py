@@ -1,6 +1,7 @@
 """``ovserve serve``: the model server's data plane and its listeners, from the settings."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 from pathlib import Path
@@ -26,9 +27,9 @@ from .transports.torchserve import management as ts_management
 log = logging.getLogger("ovserve")
 
 
-def make_source(settings: Settings) -> Source:
-    """The model source for the chosen mode; the model flags are every model's defaults."""
-    options = LoadOptions(
+def model_defaults(settings: Settings) -> LoadOptions:
+    """The model flags: every model's defaults (config.json's entries override them)."""
+    return LoadOptions(
         device=settings.target_device,
         shape=settings.shape,
         layout=settings.layout,
@@ -39,6 +40,11 @@ def make_source(settings: Settings) -> Source:
         max_queue_delay_us=settings.max_queue_delay_us,
         max_queued_requests=settings.max_queued_requests,
     )
+
+
+def make_source(settings: Settings) -> Source:
+    """The model source for the chosen mode; the model flags are every model's defaults."""
+    options = model_defaults(settings)
     mode = settings.mode()
     if mode == "config":
         assert settings.config is not None
@@ -65,7 +71,9 @@ def build(settings: Settings) -> Server:
         raise SystemExit(f"ovserve: {exc}") from None
     dataplane = ModelServer(ModelManager(make_source(settings), poll_interval=settings.poll_interval),
                             store, work, settings.ts_model_api, remove_work=settings.ts_work_dir is None,
-                            metrics=monitoring.metrics(settings), max_queued_requests=settings.max_queued_requests,
+                            metrics=monitoring.metrics(settings),
+                            registered_defaults=dataclasses.replace(model_defaults(settings), shape=None,
+                                                                    layout=None, batch_size=None),
                             ts_policy=WorkerPolicy(settings.ts_workers, settings.ts_max_workers,
                                                    settings.ts_worker_memory_mib << 20))
     rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes, gate=gate)

@@ -295,3 +295,24 @@ def test_unregistering_ends_the_worker_processes(server: ServerProcess, manageme
     management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="temp"), timeout=30)
     assert all(gone(pid) for pid in pids)
     assert os.path.exists(f"/proc/{server.pid}")
+
+
+def test_a_registered_model_loads_with_the_servers_model_flags(store: Path, tmp_path: Path) -> None:
+    """--nireq (like --plugin-config, --target-device and dynamic batching) is every model's default: a
+    registered model's too, where it used to load untuned whatever the flags said."""
+    proc = ServerProcess(["--model-repository", str(tmp_path), "--poll-interval", "0", "--nireq", "3",
+                          "--metrics-enable", "--metrics-list", "ovms_infer_req_queue_size",
+                          "--ts-management-port", "0", "--model-store", str(store),
+                          "--ts-model-api"])
+    try:
+        proc.wait_ready()
+        with grpc.insecure_channel(f"127.0.0.1:{proc.ports['ts-management']}") as channel:
+            stub = management_pb2_grpc.ManagementAPIsServiceStub(channel)
+            stub.RegisterModel(management_pb2.RegisterModelRequest(url="steady.mar", synchronous=True,
+                                                                   initial_workers=1), timeout=60)
+        import requests
+        text = requests.get(f"{proc.url}/metrics", timeout=10).text
+        line = next(x for x in text.splitlines() if x.startswith("ovms_infer_req_queue_size{") and "steady" in x)
+        assert line.endswith(" 3"), line
+    finally:
+        proc.stop()

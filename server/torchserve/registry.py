@@ -100,12 +100,13 @@ class Entry:
 class HandlerRegistry:
     def __init__(self, manager: ModelManager, infer: Infer, store: Store | None = None, work: Path | None = None,
                  model_api: bool = False, default_workers: Callable[[ModelVersion], int] | None = None,
-                 remove_work: bool = False, max_queued_requests: int = 0,
+                 remove_work: bool = False, registered_defaults: LoadOptions | None = None,
                  policy: WorkerPolicy | None = None) -> None:
         self.manager = manager
         self.policy = policy or WorkerPolicy()
-        #: the server's --max-queued-requests, a registered model's bound (a repository model has its own)
-        self.max_queued_requests = max_queued_requests
+        #: how a registered model loads: the server's model flags (device, nireq, plugin config, batching,
+        #: --max-queued-requests), as for every repository model, less those that name one model's shapes
+        self.registered_defaults = registered_defaults or LoadOptions()
         self.infer = infer
         self.store = store  # None: nothing can be registered
         self.work = work
@@ -258,8 +259,7 @@ class HandlerRegistry:
             first = name not in self.manager.defaults
             if first:
                 self.manager.defaults[name] = number  # the first version registered is the default
-            # a registered model is shed as a repository model is, by the flag's bound
-            options = LoadOptions(max_queued_requests=self.max_queued_requests)
+            options = self.registered_defaults
             cfg = self.manager.registered.get(name) or ModelConfig(name, base, VersionPolicy("all"), options,
                                                                    raw=json.dumps({"registered": name}))
             served = await self.manager.register(cfg)
