@@ -68,8 +68,14 @@ IMAGE_SPECS = {
 IMAGE_MODELS = ("mobilenet_v2", *IMAGE_SPECS)
 
 
+#: models served under another name: the TorchServe bench's custom-handler registration of MobileNetV2
+ALIASES = {"mobilenet_v2_custom": "mobilenet_v2"}
+
+
 def spec_of(name: str) -> ModelSpec:
-    """The spec of a benchmark model or of a soak-only image model."""
+    """The spec of a benchmark model (or of a model registered under another name), or of a soak-only
+    image model."""
+    name = ALIASES.get(name, name)
     return SPECS[name] if name in SPECS else IMAGE_SPECS[name]
 
 

@@ -9,13 +9,19 @@ through the same load generator and HTTP/2 client (:mod:`bench.loadgen`):
 2. **ovserve, KServe V2 gRPC**: the same photo as a BYTES input to
    ``ModelInfer`` on the same server (decode and resize in the server, the
    logits back); rows 1 and 2 alternate at each concurrency;
-3. **TorchServe 0.12**: its Java frontend and Python workers running the same
+3. **ovserve, a custom handler** (``bench/ov_handler.py``, the same work as
+   TorchServe's handler below, the model through ``context.model``), registered
+   with RegisterModel, once in worker processes (``--ts-workers process``, the
+   default) and once in threads (``--ts-workers thread``), each on a server of
+   its own (issue 34: what isolating a handler costs);
+4. **TorchServe 0.12**: its Java frontend and Python workers running the same
    OpenVINO IR through ``bench/ts_handler.py`` (:mod:`bench.ts_peer`: its own
    virtualenv, a JDK, the archive, the configuration).
 
 The run's table and the issue's two goals (ovserve's TorchServe API within 10%
 of its own V2 gRPC; at least 3x TorchServe's throughput at concurrency 4) are
-printed and written to ``bench/results/torchserve-<YYYYMMDD-HHMM>.md``. Before
+printed and written to ``bench/results/torchserve-<YYYYMMDD-HHMM>.md``, with issue 34's (a custom
+handler in worker processes at least 2x TorchServe at concurrency 4). Before
 any load, one request to each server checks that both answer the same top 5.
 See bench/README.md, "TorchServe".
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -38,9 +45,16 @@ from .loadgen import Case
 from .measure import RESULTS, ROOT, Row, add_run_options, run_quietest, wait_quiet
 
 MODEL = ts_peer.MODEL
+#: the custom handler's model, registered from a folder in the model store
+CUSTOM = f"{MODEL}_custom"
+HANDLER = Path(__file__).with_name("ov_handler.py")
+#: the custom handler's rows: server name by --ts-workers mode
+CUSTOM_SERVERS = {"process": "ovserve-process", "thread": "ovserve-thread"}
 #: (server, kind) of each row, in the table's order, and what it is called there
 APIS = {("ovserve", "ts-grpc"): "TorchServe gRPC Predictions",
         ("ovserve", "grpc"): "KServe V2 gRPC ModelInfer (BYTES)",
+        ("ovserve-process", "ts-grpc"): "TorchServe gRPC, custom handler in worker processes",
+        ("ovserve-thread", "ts-grpc"): "TorchServe gRPC, custom handler in threads",
         ("torchserve", "ts-grpc"): "TorchServe gRPC Predictions"}
 SAME_ANSWER = 0.02  # largest difference of a top-5 probability between the servers taken for the same answer
 
@@ -54,6 +68,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="TorchServe workers; each runs OpenVINO on cores/workers threads (default 2: one per core)")
     p.add_argument("--ts-batch-size", type=int, default=1, help="TorchServe's batchSize (1: no batching)")
     p.add_argument("--ts-batch-delay-ms", type=int, default=5, help="TorchServe's maxBatchDelay when batching")
+    p.add_argument("--custom", default="process,thread",
+                   help="the custom handler's rows: comma-separated --ts-workers modes (process, thread; empty: none)")
+    p.add_argument("--custom-workers", type=int, default=4,
+                   help="ovserve's workers for the custom handler (default 4: twice the model's infer requests, as a "
+                        "repository model gets)")
     p.add_argument("--grpc-client", choices=["h2", "aio"], default="h2",
                    help="h2: the bench's light HTTP/2 client (default); aio: grpcio's own")
     return p.parse_args(argv)
@@ -71,7 +90,7 @@ class Setup:
     notes: list[str] = field(default_factory=list)
 
 
-def predict_once(port: int, image: bytes) -> dict[str, float]:
+def predict_once(port: int, image: bytes, model: str = MODEL) -> dict[str, float]:
     """One Predictions through grpcio (messages from the project's copy of TorchServe's inference.proto)."""
     import grpc
 
@@ -82,7 +101,7 @@ def predict_once(port: int, image: bytes) -> dict[str, float]:
         predictions = channel.unary_unary("/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions",
                                           request_serializer=pb.PredictionsRequest.SerializeToString,
                                           response_deserializer=pb.PredictionResponse.FromString)
-        reply = predictions(pb.PredictionsRequest(model_name=MODEL, input={"data": image}), timeout=60)
+        reply = predictions(pb.PredictionsRequest(model_name=model, input={"data": image}), timeout=60)
     top: dict[str, float] = json.loads(reply.prediction)
     return top
 
@@ -100,9 +119,9 @@ class Runner:
         self.rows: list[Row] = []
         self.concurrency = [int(c) for c in args.concurrency.split(",") if c]
 
-    def case(self, kind: str, c: int, port: int, image: Path) -> Case:
+    def case(self, kind: str, c: int, port: int, image: Path, model: str = MODEL) -> Case:
         a = self.args
-        return Case(kind, MODEL, c, a.duration, a.warmup, port=port, grpc_client=a.grpc_client, image=str(image))
+        return Case(kind, model, c, a.duration, a.warmup, port=port, grpc_client=a.grpc_client, image=str(image))
 
     def measure(self, case: Case, server: str, pid: int) -> None:
         """Run a case; rerun it when the rest of the machine was busy meanwhile, keep the quietest."""
@@ -127,6 +146,39 @@ class Runner:
                 self.measure(self.case("grpc", c, server.grpc_port, image), "ovserve", server.pid)
             if not server.alive():
                 raise RuntimeError(f"ovserve died during the run:\n{server.log}")
+
+    def custom(self, mode: str, config: Path, model_dir: Path, tmp: Path, image: Path, setup: Setup) -> None:
+        """The custom handler, registered as a TorchServe user registers theirs, its workers in ``mode``."""
+        import grpc
+
+        from ovserve.client.proto import ts_management as mpb
+
+        store = tmp / "store"
+        folder = store / CUSTOM
+        if not folder.exists():
+            shutil.copytree(model_dir, folder)
+            shutil.copy(HANDLER, folder / HANDLER.name)
+        plugin = json.dumps(specs.SPECS[MODEL].plugin_config)
+        extra = ["--ts-inference-port", "0", "--ts-management-port", "0", "--model-store", str(store),
+                 "--ts-model-api", "--ts-workers", mode, "--plugin-config", plugin, *self.args.ovserve_arg]
+        server_name = CUSTOM_SERVERS[mode]
+        with servers.start_ovserve(config, extra, name=server_name) as server:
+            server.wait_ready([MODEL])
+            with grpc.insecure_channel(f"127.0.0.1:{server.ports.get('ts-management')}") as channel:
+                register = channel.unary_unary(
+                    "/org.pytorch.serve.grpc.management.ManagementAPIsService/RegisterModel",
+                    request_serializer=mpb.RegisterModelRequest.SerializeToString,
+                    response_deserializer=mpb.ManagementResponse.FromString)
+                register(mpb.RegisterModelRequest(url=CUSTOM, handler=HANDLER.name, synchronous=True,
+                                                  initial_workers=self.args.custom_workers), timeout=120)
+            port = server.ports.get("ts-inference")
+            setup.answers[server_name] = predict_once(port, image.read_bytes(), CUSTOM)
+            self.log(f"{server_name}: pid {server.pid}, TorchServe gRPC {port}, {self.args.custom_workers} "
+                     f"custom-handler workers (--ts-workers {mode})")
+            for c in self.concurrency:
+                self.measure(self.case("ts-grpc", c, port, image, CUSTOM), server_name, server.pid)
+            if not server.alive():
+                raise RuntimeError(f"ovserve ({mode}) died during the run:\n{server.log}")
 
     def torchserve(self, model_dir: Path, tmp: Path, image: Path, setup: Setup) -> None:
         exe, java_s = ts_peer.ensure_java(self.log)
@@ -194,6 +246,12 @@ def targets(rows: list[Row], concurrency: list[int]) -> list[report.Target]:
               _find(rows, "ovserve", "grpc", c), 0.9, "V2 gRPC")
     ratio("ovserve TorchServe API / TorchServe, c4", _find(rows, "ovserve", "ts-grpc", 4),
           _find(rows, "torchserve", "ts-grpc", 4), 3, "TorchServe")
+    # issue 34: a custom handler in worker processes, against TorchServe and against the same handler in threads
+    ratio("ovserve custom handler in processes / TorchServe, c4", _find(rows, "ovserve-process", "ts-grpc", 4),
+          _find(rows, "torchserve", "ts-grpc", 4), 2, "TorchServe")
+    for c in concurrency:
+        ratio(f"custom handler in processes / in threads, c{c}", _find(rows, "ovserve-process", "ts-grpc", c),
+              _find(rows, "ovserve-thread", "ts-grpc", c), 0.9, "threads")
     return out
 
 
@@ -204,6 +262,11 @@ def answers_text(setup: Setup) -> list[str]:
         same, diff = same_answer(setup.answers["ovserve"], setup.answers["torchserve"])
         lines.append(f"- the same answer from both: {'yes' if same else '**no**'} "
                      f"(same classes in the same order, largest probability difference {diff:.4f})")
+    for custom in CUSTOM_SERVERS.values():
+        if {"ovserve", custom} <= set(setup.answers):
+            same, diff = same_answer(setup.answers["ovserve"], setup.answers[custom])
+            lines.append(f"- {custom}'s custom handler answers as the built-in: {'yes' if same else '**no**'} "
+                         f"(largest probability difference {diff:.4f})")
     return lines
 
 
@@ -216,7 +279,7 @@ def render(rows: list[Row], setup: Setup, concurrency: list[int], markdown: bool
         "",
         *([f"`!`: other processes took more than {report.NOISY_PCT}% of a core during the case (after reruns)."]
           if noisy else []),
-        "Targets (issue 17):" + ("\n" if markdown else ""),
+        "Targets (issues 17 and 34):" + ("\n" if markdown else ""),
         t(t_header, t_body),
     ])
 
@@ -275,6 +338,8 @@ def main(argv: list[str]) -> int:
         if args.wait_quiet > 0:
             wait_quiet(10, args.wait_quiet)
         runner.ovserve(config, image, setup)
+        for mode in [m for m in args.custom.split(",") if m]:
+            runner.custom(mode, config, model_dir, tmp, image, setup)
         if not args.no_torchserve:
             runner.torchserve(model_dir, tmp, image, setup)
     print()

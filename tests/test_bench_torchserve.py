@@ -58,7 +58,13 @@ def test_ovserve_rows_run_and_the_run_is_written(tmp_path: Path) -> None:
     _answered(rows, "ovserve", "ts-grpc", {1, 4})
     _answered(rows, "ovserve", "grpc", {1, 4})
     assert not [r for r in rows if r["server"] == "torchserve"]
-    assert "Targets (issue 17):" in proc.stdout and "ovserve's answer: " in proc.stdout, proc.stdout[-3000:]
+    assert "Targets (issues 17 and 34):" in proc.stdout and "ovserve's answer: " in proc.stdout, proc.stdout[-3000:]
+    # issue 34: the same photo through a custom handler, in worker processes and in threads
+    _answered(rows, "ovserve-process", "ts-grpc", {1, 4})
+    _answered(rows, "ovserve-thread", "ts-grpc", {1, 4})
+    assert "ovserve-process's custom handler answers as the built-in: yes" in text
+    assert "ovserve-thread's custom handler answers as the built-in: yes" in text
+    assert "| ovserve custom handler in processes / TorchServe, c4 |" in text
     assert text.startswith("# TorchServe gRPC API benchmark, ")
     assert "| ovserve | TorchServe gRPC Predictions | 4 |" in text
     assert "| ovserve | KServe V2 gRPC ModelInfer (BYTES) | 1 |" in text
@@ -92,7 +98,9 @@ def _row(server: str, kind: str, c: int, throughput: float, cpu: float = 100.0) 
 def test_targets_are_the_issue_goals_from_the_rows() -> None:
     rows = [_row("ovserve", "ts-grpc", 1, 95), _row("ovserve", "grpc", 1, 100),
             _row("ovserve", "ts-grpc", 4, 250), _row("ovserve", "grpc", 4, 300),
-            _row("torchserve", "ts-grpc", 4, 80)]
+            _row("torchserve", "ts-grpc", 4, 80), _row("ovserve-process", "ts-grpc", 4, 150),
+            _row("ovserve-thread", "ts-grpc", 4, 200), _row("ovserve-process", "ts-grpc", 1, 90),
+            _row("ovserve-thread", "ts-grpc", 1, 90)]
     got = {t.case: (round(t.value, 3) if t.value is not None else None, t.met)
            for t in tsbench.targets(rows, [1, 4, 16])}
     assert got == {
@@ -100,6 +108,11 @@ def test_targets_are_the_issue_goals_from_the_rows() -> None:
         "ovserve TorchServe API / its V2 gRPC, c4": (0.833, False),
         "ovserve TorchServe API / its V2 gRPC, c16": (None, None),  # not measured: n/a, not a failure
         "ovserve TorchServe API / TorchServe, c4": (3.125, True),
+        # issue 34: a custom handler in worker processes, against TorchServe and against threads
+        "ovserve custom handler in processes / TorchServe, c4": (1.875, False),
+        "custom handler in processes / in threads, c1": (1.0, True),
+        "custom handler in processes / in threads, c4": (0.75, False),
+        "custom handler in processes / in threads, c16": (None, None),
     }
 
 

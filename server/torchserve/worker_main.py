@@ -124,6 +124,11 @@ class Port:
     shape: tuple[int, ...]  # -1 where the dimension is dynamic
     layout: str = ""
 
+    @property
+    def spec(self) -> Port:
+        """``name``, ``datatype`` and ``shape``, where the server's own ports keep them (``PortInfo.spec``)."""
+        return self
+
 
 class RemoteModel:
     """``context.model`` in a worker process: the server's compiled model, over the socket."""
