@@ -160,6 +160,8 @@ def test_operator_pod_is_locked_down() -> None:
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # Ready only once kopf serves its health endpoint (issue 35: Ready used to mean started)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
     assert "--health-port=8080" in container["args"]
     assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
