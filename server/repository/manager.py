@@ -364,7 +364,9 @@ class ModelManager:
                 state = INDEX_STATE[mv.status.state]
                 if ready_only and state != "READY":
                     continue
-                rows.append({"name": name, "version": str(v), "state": state, "reason": mv.status.error_message})
+                # a registered version by the name it was registered with, as every other API shows it
+                rows.append({"name": name, "version": self.label(name, v), "state": state,
+                             "reason": mv.status.error_message})
         return rows
 
     # -- lookups for the data plane ----------------------------------------
