@@ -18,7 +18,7 @@ from ovserve.common.codecs.tensors import encoding_parameters
 
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
-from .errors import InvalidInput, ServerError, Unavailable
+from .errors import FailedPrecondition, InvalidInput, ServerError, Unavailable
 from .handoff import Handoff
 from .repository.manager import ModelManager, ModelVersion
 from .repository.states import State
@@ -49,6 +49,16 @@ SERVER_NAME = "ovserve"
 #: Protocol extensions ovserve really implements (reported by server metadata).
 EXTENSIONS = ("model_repository", "binary_tensor_data", "parameters")
 PLATFORM = "OpenVINO"
+#: the platform of a version its TorchServe handler serves alone (its archive holds no OpenVINO model)
+HANDLER_PLATFORM = "torchserve_handler"
+
+
+def served_by_handler(mv: ModelVersion) -> FailedPrecondition:
+    """What KServe V2/V1 inference answers for a version its TorchServe handler serves alone: a handler takes
+    TorchServe's requests (a map of bytes, answered with bytes), not named tensors, so nothing maps one
+    onto the other faithfully; the client is told where the model is served."""
+    return FailedPrecondition(f"model {mv.name!r} is served by its TorchServe handler alone (its archive holds no "
+                              "OpenVINO model): use TorchServe's Predictions")
 
 
 class ModelServer(DataPlane):
@@ -96,9 +106,9 @@ class ModelServer(DataPlane):
                 mv = self.manager.version(name, version)
             except Unavailable:
                 return False
-            return mv.model is not None and not mv.model.stalled()
+            return _serving(mv)
         available = served.available()  # requests without a version go to the latest
-        return bool(available) and available[-1].model is not None and not available[-1].model.stalled()
+        return bool(available) and _serving(available[-1])
 
     def model_names(self) -> list[str]:
         return sorted(self.manager.models)
@@ -106,16 +116,16 @@ class ModelServer(DataPlane):
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         mv = self.manager.version(name, version)
         model = mv.model
-        assert model is not None
+        assert model is not None or mv.handler_only
         label = self.manager.label
         versions = ([label(name, v.version) for v in self.manager.served(name).available()] if not version
                     else [label(name, mv.version)])
         return ModelMetadata(
             name=name,
             versions=versions,
-            platform=PLATFORM,
-            inputs=[p.spec for p in model.inputs],
-            outputs=[p.spec for p in model.outputs],
+            platform=PLATFORM if model is not None else HANDLER_PLATFORM,  # a handler alone: no inputs, no outputs
+            inputs=[p.spec for p in model.inputs] if model is not None else [],
+            outputs=[p.spec for p in model.outputs] if model is not None else [],
         )
 
     def model_status(self, name: str) -> list[VersionStatus]:
@@ -126,6 +136,8 @@ class ModelServer(DataPlane):
 
     async def input_specs(self, name: str, version: str = "") -> list[PortInfo]:
         mv = self.manager.version(name, version)
+        if mv.handler_only:
+            raise served_by_handler(mv)
         assert mv.model is not None
         return list(mv.model.inputs)
 
@@ -133,6 +145,8 @@ class ModelServer(DataPlane):
     async def infer(self, request: InferRequest, headers: Headers | None = None) -> InferResponse:
         mv = self.manager.acquire(request.model_name, request.model_version)
         try:
+            if mv.handler_only:
+                raise served_by_handler(mv)
             model = mv.model
             assert model is not None
             assert mv.status.state is State.AVAILABLE
@@ -235,6 +249,11 @@ class ModelServer(DataPlane):
                 decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
                 port.dims, port.layout, V2_TO_NUMPY[port.datatype], self._decoders,
             )
+
+
+def _serving(mv: ModelVersion) -> bool:
+    """An available version that serves: its handler alone, or its OpenVINO model making progress."""
+    return mv.handler_only or (mv.model is not None and not mv.model.stalled())
 
 
 def takes_images(tensor: Tensor, port: PortInfo) -> bool:

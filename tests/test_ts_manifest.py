@@ -100,10 +100,16 @@ def test_the_serialized_file_decides_the_model(tmp_path: Path, ir: Path, onnx_fi
     folder = _fetch(tmp_path, build_mar(tmp_path / "b", "scripted", "1", pt, extra_files=[ir]))
     info = read_archive(folder)
     assert info.model_file is None and info.config == ModelConfig() and info.yaml_config == {}
+    assert info.foreign_model == folder / "model.pt"  # what the registry names when it refuses it
 
     # no serialized file (a handler that loads its own): the model file at the top, if there is one
     folder = _fetch(tmp_path, build_mar(tmp_path / "c", "loose", "1", None, extra_files=[ir, ir.with_suffix(".bin")]))
     assert read_archive(folder).model_file == folder / "model.xml"
+
+    # no serialized file and none at the top: a handler that does all the work itself
+    folder = _fetch(tmp_path, build_mar(tmp_path / "d", "alone", "1", None, extra_files=[pt]))
+    info = read_archive(folder)
+    assert info.model_file is None and info.foreign_model is None
 
 
 # -- OVMS-style folders ------------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ class ModelVersion:
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     #: told of every state change (the manager's :attr:`ModelManager.on_state`)
     observer: Callable[[ModelVersion], None] | None = None
+    #: served by its TorchServe handler alone: AVAILABLE with no OpenVINO model (``model`` stays None)
+    handler_only: bool = False
 
     @property
     def failed(self) -> bool:
@@ -102,6 +104,9 @@ class ModelManager:
         self.labels: dict[str, dict[int, str]] = {}
         #: a model's default version when one was set (TorchServe's SetDefault); else the latest
         self.defaults: dict[str, int] = {}
+        #: a registered model's versions whose archive holds no OpenVINO model: their handler does all the
+        #: work (TorchServe's handler-only archives); they load as AVAILABLE without compiling anything
+        self.handler_only: dict[str, set[int]] = {}
         #: called with a version after each of its state changes (the model server's metrics)
         self.on_state: Callable[[ModelVersion], None] | None = None
         self._source_problem: str | None = None  # why the source is invalid, as last logged
@@ -269,6 +274,12 @@ class ModelManager:
 
     async def _load(self, mv: ModelVersion) -> None:
         mv.set_state(State.LOADING)
+        if mv.version in self.handler_only.get(mv.name, ()):
+            mv.handler_only = True
+            mv.set_state(State.AVAILABLE)
+            log.info("model %s version %d: served by its TorchServe handler alone (no OpenVINO model)",
+                     mv.name, mv.version)
+            return
         loop = asyncio.get_running_loop()
         try:
             path = find_model_file(mv.config.base_path / str(mv.version))
@@ -346,6 +357,7 @@ class ModelManager:
             self.registered.pop(name, None)
             self.labels.pop(name, None)
             self.defaults.pop(name, None)
+            self.handler_only.pop(name, None)
             if name in self.models:
                 await self._retire(name)
 
@@ -364,7 +376,9 @@ class ModelManager:
                 state = INDEX_STATE[mv.status.state]
                 if ready_only and state != "READY":
                     continue
-                rows.append({"name": name, "version": str(v), "state": state, "reason": mv.status.error_message})
+                # a registered version by the name it was registered with, as every other API shows it
+                rows.append({"name": name, "version": self.label(name, v), "state": state,
+                             "reason": mv.status.error_message})
         return rows
 
     # -- lookups for the data plane ----------------------------------------

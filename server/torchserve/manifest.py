@@ -5,8 +5,9 @@ Two kinds of folder (what :class:`ovserve.server.torchserve.store.ModelStore` fe
 - a TorchServe archive, unpacked (it has ``MAR-INF/MANIFEST.json``): name and version from the manifest's
   ``model.modelName`` and ``model.modelVersion`` (both required, as TorchServe requires them); the OpenVINO
   model is ``model.serializedFile`` when that is an IR ``.xml`` or an ``.onnx`` (anything else, a TorchScript
-  ``.pt`` say, leaves ``model_file`` None); without a serializedFile, the model file at the folder's top
-  (``model.xml``/``model.onnx``, or the only ``.xml``/``.onnx``), if any. The handler is ``model.handler``
+  ``.pt`` say, leaves ``model_file`` None and is ``foreign_model``); without a serializedFile, the model file
+  at the folder's top (``model.xml``/``model.onnx``, or the only ``.xml``/``.onnx``), if any: none is an
+  archive whose handler does all the work itself. The handler is ``model.handler``
   as written. ``model.configFile`` names the model-config.yaml.
 - an OVMS-style model folder (no MAR-INF): the name is the folder's; with integer version folders
   (``<folder>/<version>/model.xml``) the highest one is the model and its number the version (OVMS serves
@@ -82,6 +83,8 @@ class ArchiveInfo:
     manifest: dict[str, Any]  # MANIFEST.json (or the one made up for a folder): context.manifest
     config: ModelConfig = field(default_factory=ModelConfig)
     yaml_config: dict[str, Any] = field(default_factory=dict)  # context.model_yaml_config
+    #: the serializedFile when it is not a model OpenVINO reads (a TorchScript or eager ``.pt``), else None
+    foreign_model: Path | None = None
 
 
 #: model-config.yaml key -> (ModelConfig field, type, least value)
@@ -140,7 +143,7 @@ def _read_mar(root: Path) -> ArchiveInfo:
     handler = _string(model, "handler") or None
     if handler is not None:
         _relative(handler.split(":", 1)[0], f"{MANIFEST}: model.handler")
-    model_file = _serialized(root, model)
+    model_file, foreign = _serialized(root, model)
     config_name = _string(model, "configFile") or None
     config, raw = ModelConfig(), dict[str, Any]()
     if config_name is not None:
@@ -148,7 +151,7 @@ def _read_mar(root: Path) -> ArchiveInfo:
         if config_path is None or not config_path.is_file():
             raise InvalidInput(f"{MANIFEST}: model.configFile names {config_name!r}, which the archive does not hold")
         config, raw = _read_config(config_path, config_name)
-    return ArchiveInfo(name, version, model_file, handler, root, manifest, config, raw)
+    return ArchiveInfo(name, version, model_file, handler, root, manifest, config, raw, foreign)
 
 
 def _string(model: dict[str, Any], key: str) -> str | None:
@@ -165,14 +168,15 @@ def _required(model: dict[str, Any], key: str) -> str:
     return value
 
 
-def _serialized(root: Path, model: dict[str, Any]) -> Path | None:
+def _serialized(root: Path, model: dict[str, Any]) -> tuple[Path | None, Path | None]:
+    """(the OpenVINO model, the serializedFile when it is some other kind of model)."""
     name = _string(model, "serializedFile") or None
     if name is None:  # archives of handlers that load their own model; take an OpenVINO file if one is there
-        return _top_model_file(root, f"{MANIFEST} (no model.serializedFile)")
+        return _top_model_file(root, f"{MANIFEST} (no model.serializedFile)"), None
     path = _inside(root, name, f"{MANIFEST}: model.serializedFile")
     if path is None or not path.is_file():
         raise InvalidInput(f"{MANIFEST}: model.serializedFile names {name!r}, which the archive does not hold")
-    return path if path.suffix.lower() in MODEL_SUFFIXES else None
+    return (path, None) if path.suffix.lower() in MODEL_SUFFIXES else (None, path)
 
 
 # -- an OVMS-style folder ---------------------------------------------------------------------------

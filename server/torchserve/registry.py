@@ -7,6 +7,14 @@ API is unpacked into ovserve's own work folder and handed to the same manager,
 so KServe V2 and V1 serve it too; its versions keep the names they were
 registered with ("1.0") beside the manager's numbers.
 
+An archive whose handler does all the work itself (no serialized file, nothing
+OpenVINO reads: an echo, a pre/post-processing service, a handler that builds its
+own model in ``initialize``) registers the same way: the manager knows its version
+as handler-only (:attr:`ModelManager.handler_only`), AVAILABLE with no OpenVINO
+model, so every TorchServe call and every listing treats it as any other version;
+its handler's ``context.model`` is None, and KServe V2/V1 inference on it is
+FAILED_PRECONDITION (:mod:`ovserve.server.model_server`).
+
 Where TorchServe answers with a quirk, this answers correctly (docs/torchserve.md
 has both side by side): an existing name and version is ALREADY_EXISTS, the
 default version while others exist is FAILED_PRECONDITION, ListModels' limit 0
@@ -44,7 +52,7 @@ from ..runtime.shedding import running_cost
 from ..types import Registration, Scaling
 from ..version import __version__
 from .context import Context, Item
-from .handlers import HandlerSpec
+from .handlers import ALIASES, HandlerSpec
 from .model import HandlerModel, Infer
 from .processes import ProcessRunner
 from .runners import LoopRunner, Runner, Sink, ThreadRunner
@@ -133,6 +141,9 @@ class HandlerRegistry:
             return entry
         async with self._lock:  # a repository model's first TorchServe request: its handler and workers
             entry = self.entries.get((mv.name, mv.version))
+            if entry is None and mv.handler_only:  # its registration failed while this request waited
+                raise Unavailable(f"model {mv.name!r} version {self.manager.label(mv.name, mv.version)} is no "
+                                  "longer registered")
             if entry is None:
                 folder = mv.config.base_path / str(mv.version)
                 entry = self._make_entry(mv, folder, url=str(folder), handler=None, manifest={}, yaml={},
@@ -148,12 +159,13 @@ class HandlerRegistry:
                     manifest: dict[str, Any], yaml: dict[str, Any], batch_size: int, delay_ms: int,
                     timeout_s: float, sequences: Any = None) -> Entry:
         label = self.manager.label(mv.name, mv.version)
-        model = mv.model
-        assert model is not None
+        model = mv.model  # None: the handler does all the work (a handler-only version)
+        assert model is not None or mv.handler_only
         loop = asyncio.get_running_loop()
         spec = HandlerSpec(handler, model_dir)
-        handler_model = HandlerModel(mv.name, label, model.inputs, model.outputs, self.infer, loop,
-                                     labels=_labels(mv.config.base_path / str(mv.version) / "labels.txt"))
+        handler_model = None if model is None else HandlerModel(
+            mv.name, label, model.inputs, model.outputs, self.infer, loop,
+            labels=_labels(mv.config.base_path / str(mv.version) / "labels.txt"))
         where = f"model {mv.name!r} version {label}"
         policy = self.policy
         in_process = spec.builtin is not None or policy.isolation == "thread"
@@ -182,8 +194,8 @@ class HandlerRegistry:
                           max_sequences=most if isinstance(most, int) and not isinstance(most, bool) else 0,
                           max_workers=policy.max_workers)
         # the handler queue takes the model's bound (config.json's max_queued_requests, else the flag's)
-        workers.max_queued = model.options.max_queued_requests
-        series = model.metrics
+        workers.max_queued = (model.options if model is not None else mv.config.options).max_queued_requests
+        series = model.metrics if model is not None else None
 
         def timed(seconds: float) -> None:
             workers.cost = running_cost(workers.cost, seconds)  # a refusal's retry hint
@@ -247,14 +259,17 @@ class HandlerRegistry:
                                     "another name")
             if label in self.manager.labels.get(name, {}).values():
                 raise AlreadyExists(f"model {name!r} version {label} is already registered")
-            if info.model_file is None:
-                raise FailedPrecondition(f"{reg.url}: the archive holds no OpenVINO model (an IR .xml or an "
-                                         ".onnx as its serialized file)")
+            handler = reg.handler or info.handler
+            handler_only = info.model_file is None
+            if handler_only:
+                _check_handler_only(reg.url, info, handler)
             numbers = self._numbers.setdefault(name, itertools.count(1))
             number = next(numbers)
             base = self.work / "models" / name
             base.mkdir(parents=True, exist_ok=True)
-            _link_version(base / str(number), Path(info.model_file))
+            _link_version(base / str(number), info.model_file, info.model_dir)
+            if handler_only:
+                self.manager.handler_only.setdefault(name, set()).add(number)
             self.manager.labels.setdefault(name, {})[number] = label
             first = name not in self.manager.defaults
             if first:
@@ -273,7 +288,7 @@ class HandlerRegistry:
             delay = reg.max_batch_delay_ms or config.max_batch_delay_ms or DEFAULT_BATCH_DELAY_MS
             timeout = reg.response_timeout_s or config.response_timeout_s or DEFAULT_RESPONSE_TIMEOUT_S
             try:
-                entry = self._make_entry(mv, info.model_dir, reg.url, reg.handler or info.handler, info.manifest,
+                entry = self._make_entry(mv, info.model_dir, reg.url, handler, info.manifest,
                                          info.yaml_config, batch, delay, timeout, sequences=config)
             except ServerError:
                 await self._forget(name, number, base)
@@ -307,6 +322,7 @@ class HandlerRegistry:
     async def _forget(self, name: str, number: int, base: Path) -> None:
         shutil.rmtree(base / str(number), ignore_errors=True)
         self.manager.labels.get(name, {}).pop(number, None)
+        self.manager.handler_only.get(name, set()).discard(number)
         if self.manager.defaults.get(name) == number:
             self.manager.defaults.pop(name)
         if not self.manager.labels.get(name):
@@ -484,14 +500,33 @@ def _default_workers(mv: ModelVersion) -> int:
     return 2 * mv.model.nireq if mv.model is not None else 2
 
 
-def _link_version(folder: Path, model_file: Path) -> None:
+def _check_handler_only(url: str, info: Any, handler: str | None) -> None:
+    """An archive without an OpenVINO model is served by its handler alone, when it has one of its own: a
+    serializedFile that is some other kind of model (a TorchScript ``.pt``) is not what ovserve runs, and
+    ovserve's built-in handlers run the archive's model, which it does not hold."""
+    if info.foreign_model is not None:
+        raise FailedPrecondition(
+            f"{url}: its serialized file {info.foreign_model.name!r} is not an OpenVINO model (an IR .xml or an "
+            ".onnx): convert it (openvino.convert_model, or an ONNX export) and archive that; a handler that "
+            "loads the file itself ships it with --extra-files instead of --serialized-file")
+    if (handler or "auto") in ALIASES:
+        raise FailedPrecondition(
+            f"{url}: the archive holds no OpenVINO model (an IR .xml or an .onnx as its serialized file) for "
+            f"the built-in handler {handler or 'auto'!r} to run; an archive without a model needs a handler "
+            "of its own")
+
+
+def _link_version(folder: Path, model_file: Path | None, model_dir: Path) -> None:
     """The manager's version folder for a registered model: links to the files beside its model file, and
     ``model.xml``/``model.bin`` (or ``model.onnx``) to the model itself, which the manager picks first
-    whatever else the archive holds."""
+    whatever else the archive holds; without a model file (a handler-only version), links to the files
+    of the archive's top."""
     folder.mkdir(parents=True)
-    source = model_file.resolve().parent
+    source = model_file.resolve().parent if model_file is not None else model_dir.resolve()
     for entry in source.iterdir():
         (folder / entry.name).symlink_to(entry.resolve())
+    if model_file is None:
+        return
     suffix = model_file.suffix.lower()
     canonical = folder / f"model{suffix}"
     if model_file.name != canonical.name:
