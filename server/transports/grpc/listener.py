@@ -274,18 +274,25 @@ class GrpcListener:
     async def stop(self, grace: float) -> None:
         if self.server is None:  # never bound (another listener could not start)
             return
+        if self.engine == "grpcio":
+            # GOAWAY at once: gRPC's C core closes the listening socket, tells every client to open its next
+            # calls elsewhere, refuses at the transport the streams that crossed the GOAWAY (which clients
+            # retry on their own, transparently) and lets the calls in flight finish within the grace. Refusing
+            # calls UNAVAILABLE first, on connections nobody had told to move, failed every call a client sent
+            # on its long-lived channel in that second (a rolling update in a cluster: issue 35).
+            await self.health.enter_graceful_shutdown()
+            await self.server.stop(grace)
+            return
         self.in_flight.closing = True  # from now on, before anything else awaits
         await self.health.enter_graceful_shutdown()
         grace = await self._drain(grace)
         await self.server.stop(grace)
 
     async def _drain(self, grace: float) -> float:
-        """Both engines close their connections as soon as the handlers have returned, which
-        cuts a reply still being written: pygrpc-native's with 4 MB replies, and grpc.aio's
-        too (a 4 MB reply logged OK reached its client as "Connection reset by peer" after
-        stop(); 1 fresh-clone run in 3). So ovserve waits for the calls in flight (new ones
-        are refused UNAVAILABLE) and gives the last replies a moment to go out before the
-        engine's stop. Returns what is left of the grace period."""
+        """The experimental engines close their connections as soon as the handlers have returned,
+        which cuts a reply still being written (pygrpc-native's with 4 MB replies). So ovserve waits
+        for the calls in flight (new ones are refused UNAVAILABLE) and gives the last replies a moment
+        to go out before the engine's stop. Returns what is left of the grace period."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         if await self.in_flight.wait_idle(grace):
