@@ -30,6 +30,14 @@ cached() {
 }
 
 if cached; then echo "$BIN"; exit 0; fi
+# The cluster test bed (scripts/cluster_testbed.sh, run first by scripts/test.sh) builds the same kube-apiserver and
+# kube-controller-manager from the same sources, and unpacks the same etcd: use its binaries rather than build twice.
+CLUSTER_BIN=${OVSERVE_CLUSTER_CACHE:-$HOME/.cache/ovserve/cluster}/bin
+if [ -x "$CLUSTER_BIN/kube-apiserver" ] && [ -x "$CLUSTER_BIN/kube-controller-manager" ] && [ -x "$CLUSTER_BIN/etcd" ]; then
+    mkdir -p "$BIN"
+    for b in "${BINARIES[@]}"; do ln -sfn "$CLUSTER_BIN/$b" "$BIN/$b"; done
+    if cached; then echo "$BIN"; exit 0; fi
+fi
 [ "${1:-}" = "--check" ] && exit 1
 
 log() { echo "k8s_testbed: $*" >&2; }

@@ -15,6 +15,13 @@ if [ "${1:-}" = "--unit" ]; then
 fi
 # grpc-native: the experimental native gRPC engine is tested too, though not installed by default
 ensure_venv test,dev,grpc-native
+# A real one-node Kubernetes 1.20 (Debian's packages: kubelet, containerd, kube-proxy; scripts/cluster/), cached
+# in ~/.cache/ovserve/cluster: the cluster tier (e2e/test_cluster.py) runs the chart, the operator and both images
+# on it, and its kube-apiserver and etcd serve the operator tier too. About 16 minutes the first time on two
+# cores, then a no-op. If it cannot be built, that tier skips.
+if ! bash scripts/cluster_testbed.sh >/dev/null; then
+    echo "test.sh: the cluster test bed could not be built (reason above); the cluster tier will skip" >&2
+fi
 # The operator's integration tests need a real kube-apiserver: built once from Debian's sources and
 # cached in ~/.cache/ovserve/k8s (a no-op when cached). If it cannot be built, those tests skip.
 if ! bash scripts/k8s_testbed.sh >/dev/null; then

@@ -37,6 +37,8 @@ MODULE_TIERS: dict[str, str] = {
     # both images built with buildah and run with podman (skipped where scripts/image_testbed.sh cannot set up)
     "test_container_images": "images",
     "test_kind": "e2e",
+    # the chart, the operator and both images on a real one-node Kubernetes (scripts/cluster_testbed.sh)
+    "test_cluster": "e2e",
 }
 
 #: fixtures (tests/conftest.py) that start a server process

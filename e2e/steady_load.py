@@ -1,0 +1,115 @@
+"""Steady V2 traffic to the demo "linear" model through a Service, counting every failed request.
+
+Usage: python e2e/steady_load.py --rest HOST:PORT --grpc HOST:PORT [--rate N] [--seconds S]
+
+Two clients as users run them, each at ``--rate`` requests a second until ``--seconds``
+have passed or the process gets SIGTERM/SIGINT:
+
+- REST: a new TCP connection per request (``Connection: close``), so every request goes
+  through kube-proxy's choice of a pod afresh;
+- gRPC: tritonclient on one long-lived channel (one HTTP/2 connection, which must move to
+  another pod when its pod goes away), no retries of its own.
+
+Every answer is checked (y = x @ W + b). At the end one JSON line on stdout: the counts per
+client and the first failures with their time (seconds since start) and message. Exit 0.
+Used by e2e/test_cluster.py during rolling updates and pod deletions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import requests
+import tritonclient.grpc as grpcclient
+
+W = np.array([[1, 0], [0, 1], [1, 1]], dtype=np.float32)
+B = np.array([0.5, -0.5], dtype=np.float32)
+X = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+EXPECTED = X @ W + B
+KEEP = 20  # failures kept with their message
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed = 0
+        self.failures: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def record(self, started: float, error: str | None) -> None:
+        with self.lock:
+            if error is None:
+                self.ok += 1
+                return
+            self.failed += 1
+            if len(self.failures) < KEEP:
+                self.failures.append({"t": round(time.monotonic() - started, 3), "error": error[:300]})
+
+    def doc(self) -> dict[str, Any]:
+        return {"ok": self.ok, "failed": self.failed, "failures": self.failures}
+
+
+def rest_once(url: str) -> str | None:
+    body = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": X.reshape(-1).tolist()}]}
+    try:
+        r = requests.post(url, json=body, headers={"Connection": "close"}, timeout=10)
+    except requests.RequestException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if r.status_code != 200:
+        return f"HTTP {r.status_code}: {r.text[:200]}"
+    y = np.asarray(r.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 2)
+    return None if np.allclose(y, EXPECTED, atol=1e-4) else f"wrong answer {y.tolist()}"
+
+
+def grpc_once(client: grpcclient.InferenceServerClient) -> str | None:
+    tensor = grpcclient.InferInput("x", list(X.shape), "FP32")
+    tensor.set_data_from_numpy(X)
+    try:
+        y = client.infer("linear", [tensor], client_timeout=10).as_numpy("y")
+    except Exception as exc:  # noqa: BLE001 - every failure is counted with its message
+        return f"{type(exc).__name__}: {exc}"
+    return None if y is not None and np.allclose(y, EXPECTED, atol=1e-4) else f"wrong answer {y}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rest", required=True)
+    p.add_argument("--grpc", required=True)
+    p.add_argument("--rate", type=float, default=20.0, help="requests a second per client")
+    p.add_argument("--seconds", type=float, default=300.0)
+    args = p.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    started = time.monotonic()
+    tallies = {"rest": Tally(), "grpc": Tally()}
+    url = f"http://{args.rest}/v2/models/linear/infer"
+    client = grpcclient.InferenceServerClient(args.grpc)
+
+    def loop(name: str) -> None:
+        period = 1.0 / args.rate
+        next_at = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < args.seconds:
+            error = rest_once(url) if name == "rest" else grpc_once(client)
+            tallies[name].record(started, error)
+            next_at += period
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    threads = [threading.Thread(target=loop, args=(name,)) for name in tallies]
+    for t in threads:
+        t.start()
+    print("LOAD STARTED", flush=True)
+    for t in threads:
+        t.join()
+    print(json.dumps({name: t.doc() for name, t in tallies.items()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

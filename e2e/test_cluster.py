@@ -1,0 +1,318 @@
+"""The cluster tier: the chart, the operator and the server images end to end on a real one-node Kubernetes.
+
+What a user does, on the cluster scripts/cluster_testbed.sh builds (Kubernetes 1.20 from Debian's
+packages: kubelet, containerd, kube-proxy, in a network namespace of its own; scripts/cluster/):
+
+1. both images built from the Dockerfiles (scripts/build_images.sh with buildah, as the images tier)
+   and imported into the node's containerd; ``helm install`` of charts/ovserve; the operator runs as a
+   pod under the chart's ServiceAccount and is Ready;
+2. ``kubectl apply`` of an InferenceService whose model comes over ``http://`` through the storage
+   initializer; the kubelet's probe on ``/v2/health/ready`` makes the predictor Ready, the operator
+   writes the InferenceService Ready;
+3. V2 REST and gRPC (tritonclient) through the predictor's Services (ClusterIP, kube-proxy);
+4. a rolling update (the InferenceService's args changed) while two clients send steady traffic
+   through the Services, REST with a connection per request and gRPC on one long-lived channel:
+   no request fails;
+5. ``kubectl delete``: every child goes.
+
+The clients run inside the cluster's network namespace (``$RUN/in-node``), as a pod's neighbour
+would; nothing in the namespace can reach the machine's network. One cluster for the module, up
+and down by the scripts, which clean up by the PIDs and cgroups they recorded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SCRIPTS = ROOT / "scripts"
+CACHE = Path(os.environ.get("OVSERVE_CLUSTER_CACHE") or Path.home() / ".cache/ovserve/cluster")
+RUN = CACHE / "run"
+IMAGES_CACHE = Path(os.environ.get("OVSERVE_IMAGES_CACHE") or Path.home() / ".cache/ovserve/images")
+STAND_IN = "localhost/ovserve-base:3.11-bookworm"
+NS = "ovserve-e2e"
+RELEASE_NS = "ovserve-system"
+SOCK = RUN / "containerd/containerd.sock"
+
+
+def _tools() -> Path | None:
+    out = subprocess.run(["bash", str(SCRIPTS / "tools.sh"), "--check"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    return Path(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
+
+
+def missing_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the cluster needs root (namespaces, mounts, cgroups)"
+    if subprocess.run(["bash", str(SCRIPTS / "cluster_testbed.sh"), "--check"], capture_output=True).returncode:
+        return "no cluster build: run scripts/cluster_testbed.sh (scripts/test.sh does; ~16 min the first time)"
+    for tool in ("buildah", "runc"):
+        if not shutil.which(tool):
+            return f"{tool} is missing: scripts/image_testbed.sh installs it"
+    if not (IMAGES_CACHE / "storage.conf").is_file():
+        return f"no image test bed in {IMAGES_CACHE}: run scripts/image_testbed.sh"
+    tools = _tools()
+    if tools is None or not (tools / "helm").exists():
+        return "helm is missing: run scripts/tools.sh"
+    return None
+
+
+pytestmark = [pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason())),
+              pytest.mark.timeout(2400)]
+
+
+class Cluster:
+    """The running cluster, reached through ``in-node`` (its network namespace, its admin kubeconfig)."""
+
+    def __init__(self, tag: str, helm: Path) -> None:
+        self.tag = tag
+        self.helm = helm
+        self.in_node = RUN / "in-node"
+
+    def run(self, *argv: str | Path, timeout: float = 120, check: bool = True,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run([str(self.in_node), *map(str, argv)], capture_output=True, text=True,
+                             timeout=timeout, input=stdin)
+        if check and out.returncode != 0:
+            raise AssertionError(f"{' '.join(map(str, argv))} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+        return out
+
+    def kubectl(self, *args: str, timeout: float = 120, check: bool = True,
+                stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.run("kubectl", *args, timeout=timeout, check=check, stdin=stdin)
+
+    def apply(self, docs: list[dict[str, Any]]) -> None:
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+    def get(self, *args: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+        return doc
+
+    def service(self, name: str, ns: str = NS) -> tuple[str, dict[str, int]]:
+        """A Service's ClusterIP and its ports by name."""
+        svc = self.get("-n", ns, "service", name)
+        return svc["spec"]["clusterIP"], {p["name"]: p["port"] for p in svc["spec"]["ports"]}
+
+    def python(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, *args, timeout=timeout)
+
+    def state(self) -> str:
+        """What to look at when a step fails: the objects, the pods' events, the predictor's logs (its storage
+        initializer's too), the operator's last lines."""
+        parts = []
+        for args in (("get", "all,isvc", "-A", "-o", "wide"), ("-n", NS, "describe", "pods"),
+                     ("-n", NS, "logs", "-l", "serving.kserve.io/inferenceservice=linear", "--all-containers",
+                      "--tail=40", "--prefix"),
+                     ("-n", RELEASE_NS, "logs", "deployment/ovserve-operator", "--tail=30")):
+            out = self.kubectl(*args, check=False)
+            parts.append(f"$ kubectl {' '.join(args)}\n{(out.stdout + out.stderr)[-5000:]}")
+        return "\n".join(parts)
+
+    def wait_ready(self, kind: str, name: str, timeout: float) -> None:
+        """Until ``kind/name`` is Ready; fails at once, with the state, when a pod of its crash-loops."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doc = self.get("-n", NS, kind, name)
+            conditions = {c["type"]: c["status"] for c in doc.get("status", {}).get("conditions", [])}
+            if conditions.get("Ready") == "True":
+                return
+            pods = self.get("-n", NS, "pods", "-l", f"serving.kserve.io/inferenceservice={name}")["items"]
+            for pod in pods:
+                statuses = [*pod["status"].get("initContainerStatuses", []), *pod["status"].get("containerStatuses", [])]
+                if any(s.get("restartCount", 0) >= 2 for s in statuses):
+                    raise AssertionError(f"{pod['metadata']['name']} crash-loops:\n{self.state()}")
+            time.sleep(2)
+        raise AssertionError(f"{kind}/{name} not Ready after {timeout:.0f} s:\n{self.state()}")
+
+
+def _run(*argv: str | Path, timeout: float = 600, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(list(map(str, argv)), capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, argv))} exited {out.returncode}:\n{out.stdout[-3000:]}\n"
+                             f"{out.stderr[-3000:]}")
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster, up, with this run's two images in its containerd; down (and cleaned up) afterwards."""
+    if (RUN / "pids").exists():  # a run killed before its teardown: its cluster is ours to take down
+        subprocess.run(["bash", str(SCRIPTS / "cluster/down.sh")], capture_output=True, timeout=120)
+    work = tmp_path_factory.mktemp("cluster")
+    tag = f"cluster-{os.getpid()}"
+    storage = {"CONTAINERS_STORAGE_CONF": str(IMAGES_CACHE / "storage.conf")}
+    started = time.monotonic()
+    refs = _run("bash", SCRIPTS / "build_images.sh", "--engine", "buildah", "--tag", tag, "--base", STAND_IN,
+                "--logs", work, timeout=1800, env=storage).split()
+    built = time.monotonic()
+    try:
+        archives = []
+        for ref in refs:  # docker-archive names it docker.io/library/<name>:<tag> in containerd, as the chart says
+            name = ref.removeprefix("localhost/")
+            archive = work / f"{name.split(':')[0]}.tar"
+            _run("buildah", "push", ref, f"docker-archive:{archive}:{name}", timeout=600, env=storage)
+            archives.append(archive)
+        _run("bash", SCRIPTS / "cluster/up.sh", timeout=300)
+        up = time.monotonic()
+        for archive in archives:
+            _run("ctr", "-a", SOCK, "-n", "k8s.io", "images", "import", archive, timeout=600)
+            archive.unlink()
+        tools = _tools()
+        assert tools is not None
+        print(f"\ncluster: images built in {built - started:.0f} s, cluster up in {up - built:.0f} s (with the "
+              f"exports), images imported in {time.monotonic() - up:.0f} s")
+        yield Cluster(tag, tools / "helm")
+    finally:
+        if os.environ.get("OVSERVE_CLUSTER_KEEP") != "1":  # 1: left up to look around (scripts/cluster/down.sh)
+            subprocess.run(["bash", str(SCRIPTS / "cluster/down.sh")], capture_output=True, timeout=300)
+        for ref in refs:
+            subprocess.run(["buildah", "rmi", "-f", ref], capture_output=True, env={**os.environ, **storage})
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Cluster:
+    """The chart installed as its README says, with this run's image tags; the operator pod Ready."""
+    started = time.monotonic()
+    cluster.run(cluster.helm, "install", "ovserve", ROOT / "charts/ovserve", "--namespace", RELEASE_NS,
+                "--create-namespace", "--set", f"operator.image.tag={cluster.tag}",
+                "--set", f"server.image.tag={cluster.tag}", "--wait", "--timeout", "5m", timeout=400)
+    cluster.kubectl("-n", RELEASE_NS, "rollout", "status", "deployment/ovserve-operator", "--timeout=180s",
+                    timeout=200)
+    print(f"\noperator Ready {time.monotonic() - started:.0f} s after helm install")
+    return cluster
+
+
+#: the archive the model store serves. A zip, not e2e/'s linear.tar.gz: the images here are built on the
+#: stand-in base (scripts/image_testbed.sh), whose Debian Python 3.11.2 predates tarfile's extraction filters,
+#: which the storage initializer requires (the official python:3.11.14 base has them; kind's run uses it)
+ARCHIVE = "linear.zip"
+
+
+def _store_manifests(tag: str) -> list[dict[str, Any]]:
+    """e2e/model-store.yaml with this run's image, serving the demo model as a zip too."""
+    docs = [d for d in yaml.safe_load_all((HERE / "model-store.yaml").read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            container["image"] = f"ovserve:{tag}"
+            container["args"] = [container["args"][0].replace(
+                "&& exec python", f"&& (cd /srv/demo/linear && python -m zipfile -c /srv/www/{ARCHIVE} .) && exec python")]
+            container["readinessProbe"]["httpGet"]["path"] = f"/{ARCHIVE}"
+    return docs
+
+
+def _isvc(store_ip: str, args: list[str]) -> dict[str, Any]:
+    """e2e/isvc.yaml, its storageUri by ClusterIP (the cluster here has no DNS)."""
+    doc: dict[str, Any] = yaml.safe_load((HERE / "isvc.yaml").read_text())
+    model = doc["spec"]["predictor"]["model"]
+    model["storageUri"] = f"http://{store_ip}:8000/{ARCHIVE}"
+    model["args"] = args
+    return doc
+
+
+@pytest.fixture(scope="module")
+def linear(operator: Cluster) -> Cluster:
+    """The model store and the InferenceService of e2e/, Ready."""
+    c = operator
+    c.apply(_store_manifests(c.tag))
+    c.kubectl("-n", NS, "rollout", "status", "deployment/model-store", "--timeout=300s", timeout=320)
+    store_ip, _ = c.service("model-store")
+    started = time.monotonic()
+    c.apply([_isvc(store_ip, ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}'])])
+    c.wait_ready("inferenceservice", "linear", 600)
+    print(f"\nInferenceService Ready {time.monotonic() - started:.0f} s after kubectl apply")
+    return c
+
+
+def _endpoints(c: Cluster) -> tuple[str, str]:
+    """REST through the InferenceService's own Service, gRPC through the predictor's (its h2c port)."""
+    rest_ip, rest_ports = c.service("linear")
+    grpc_ip, grpc_ports = c.service("linear-predictor")
+    return f"{rest_ip}:{rest_ports['http']}", f"{grpc_ip}:{grpc_ports['h2c']}"
+
+
+def test_the_operator_runs_as_a_pod_under_the_charts_service_account(operator: Cluster) -> None:
+    pods = operator.get("-n", RELEASE_NS, "pods", "-l", "app.kubernetes.io/name=ovserve")["items"]
+    operator_pods = [p for p in pods if "operator" in p["metadata"]["name"]]
+    assert operator_pods, operator.state()
+    pod = operator_pods[0]
+    assert pod["spec"]["serviceAccountName"] != "default"
+    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+
+
+def test_an_inference_service_is_ready_and_answers_through_its_services(linear: Cluster) -> None:
+    isvc = linear.get("-n", NS, "inferenceservice", "linear")
+    assert isvc["status"].get("url"), isvc["status"]
+    predictor = linear.get("-n", NS, "pods", "-l", "serving.kserve.io/inferenceservice=linear")["items"]
+    assert predictor and all(p["status"]["phase"] == "Running" for p in predictor)
+    probe = predictor[0]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/v2/health/ready"
+    rest, grpc = _endpoints(linear)
+    out = linear.python(str(HERE / "infer.py"), "--model", "linear", "--rest", rest, "--grpc", grpc, timeout=120)
+    assert "REST" in out.stdout and "gRPC" in out.stdout and "expected" not in out.stdout, out.stdout
+
+
+def test_a_rolling_update_under_steady_traffic_loses_no_request(linear: Cluster) -> None:
+    c = linear
+    rest, grpc = _endpoints(c)
+    before = {p["metadata"]["name"] for p in
+              c.get("-n", NS, "pods", "-l", "serving.kserve.io/inferenceservice=linear")["items"]}
+    load = subprocess.Popen([str(c.in_node), sys.executable, str(HERE / "steady_load.py"), "--rest", rest,
+                             "--grpc", grpc, "--rate", "20", "--seconds", "600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert load.stdout is not None
+        assert load.stdout.readline().strip() == "LOAD STARTED"
+        time.sleep(3)
+        started = time.monotonic()
+        store_ip, _ = c.service("model-store")
+        # a changed argument: a new ReplicaSet, the old pod terminated once the new one is Ready
+        c.apply([_isvc(store_ip, ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}', "--nireq", "2"])])
+        c.kubectl("-n", NS, "rollout", "status", "deployment/linear-predictor", "--timeout=300s", timeout=320)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the old pod is gone, its drain included
+            now = {p["metadata"]["name"] for p in
+                   c.get("-n", NS, "pods", "-l", "serving.kserve.io/inferenceservice=linear")["items"]}
+            if not now & before:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"the old predictor pod is still there: {now & before}\n{c.state()}")
+        rolled = time.monotonic() - started
+        time.sleep(3)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        out, err = load.communicate(timeout=60)
+    summary = json.loads(out.strip().splitlines()[-1])
+    print(f"\nrolling update: {rolled:.0f} s; REST {summary['rest']['ok']} ok, gRPC {summary['grpc']['ok']} ok")
+    assert summary["rest"]["ok"] > 100 and summary["grpc"]["ok"] > 100, (summary, err[-2000:])
+    assert summary["rest"]["failed"] == 0 and summary["grpc"]["failed"] == 0, summary
+
+
+def test_deleting_the_inference_service_leaves_nothing(linear: Cluster) -> None:
+    c = linear
+    c.kubectl("-n", NS, "delete", "inferenceservice", "linear", "--wait", "--timeout=120s", timeout=150)
+    c.kubectl("-n", NS, "wait", "--for=delete", "deployment/linear-predictor", "service/linear",
+              "service/linear-predictor", "--timeout=120s", timeout=150, check=False)
+    deadline = time.monotonic() + 90
+    while True:
+        left = c.kubectl("-n", NS, "get", "deployments,services,hpa,pods", "-l",
+                         "serving.kserve.io/inferenceservice=linear", "-o", "name").stdout.split()
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert not left, left
