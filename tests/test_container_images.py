@@ -49,17 +49,12 @@ from packaging.utils import canonicalize_name
 
 from ovserve.server.child import free_ports
 
-from . import models
+from . import image_build, models
+from .image_build import Images
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("OVSERVE_IMAGES_CACHE") or Path.home() / ".cache/ovserve/images")
-STORAGE_CONF = CACHE / "storage.conf"
-#: the stand-in base scripts/image_testbed.sh makes; OVSERVE_IMAGE_BASE names another, e.g. the Dockerfiles' own
-#: official base by digest, which the build pulls (.github/workflows/e2e.yml runs the tier so)
-STAND_IN = "localhost/ovserve-base:3.11-bookworm"
-BASE = os.environ.get("OVSERVE_IMAGE_BASE") or STAND_IN
-#: the test bed's vfs storage where it exists, else the tools' default storage
-ENV = {**os.environ, **({"CONTAINERS_STORAGE_CONF": str(STORAGE_CONF)} if STORAGE_CONF.is_file() else {})}
+CACHE, STORAGE_CONF, STAND_IN, BASE, ENV = (image_build.CACHE, image_build.STORAGE_CONF, image_build.STAND_IN,
+                                          image_build.BASE, image_build.ENV)
 PODMAN = ["podman", "--cgroup-manager", "cgroupfs", "--runtime", "runc", "--events-backend", "file"]
 RUN = ["run", "--network", "host", "--ulimit", "nofile=16384:16384", "--ulimit", "nproc=8192:8192"]
 HOST = "127.0.0.1"
@@ -104,13 +99,6 @@ def podman(*argv: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return run(*PODMAN, *argv, timeout=timeout, check=check)
 
 
-class Images:
-    """The two images of this run, and the build logs."""
-
-    def __init__(self, server: str, operator: str, logs: Path) -> None:
-        self.server, self.operator, self.logs = server, operator, logs
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -136,22 +124,10 @@ def remove_leftovers() -> None:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
-    """Both images, built once (a tag of this run's own, so that two runs on one machine do not meet)."""
+def images(request: pytest.FixtureRequest) -> Images:
+    """Both images, built once per session (tests/image_build.py; the cluster tier runs the same ones)."""
     remove_leftovers()
-    logs = tmp_path_factory.mktemp("build-logs")
-    tag = f"test-{os.getpid()}"
-    started = time.monotonic()
-    built = run("bash", str(ROOT / "scripts/build_images.sh"), "--engine", "buildah", "--tag", tag,
-                "--base", BASE, "--logs", str(logs), timeout=1800, check=False)
-    refs = built.stdout.split()
-    try:
-        assert built.returncode == 0, built.stderr
-        print(f"\nimages built in {time.monotonic() - started:.0f} s: {' '.join(refs)}")
-        yield Images(*refs, logs)
-    finally:
-        for ref in refs:
-            run("buildah", "rmi", "-f", ref, check=False)
+    return image_build.shared(request)
 
 
 def inspect(ref: str) -> dict:
