@@ -28,26 +28,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
+
+from tests import image_build
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SCRIPTS = ROOT / "scripts"
 CACHE = Path(os.environ.get("OVSERVE_CLUSTER_CACHE") or Path.home() / ".cache/ovserve/cluster")
 RUN = CACHE / "run"
-IMAGES_CACHE = Path(os.environ.get("OVSERVE_IMAGES_CACHE") or Path.home() / ".cache/ovserve/images")
-STAND_IN = "localhost/ovserve-base:3.11-bookworm"
 NS = "ovserve-e2e"
 RELEASE_NS = "ovserve-system"
 SOCK = RUN / "containerd/containerd.sock"
 
 
 def _tools() -> Path | None:
-    out = subprocess.run(["bash", str(SCRIPTS / "tools.sh"), "--check"], capture_output=True, text=True)
+    out = subprocess.run(["bash", str(SCRIPTS / "tools.sh"), "--check"], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return None
     return Path(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
@@ -56,13 +57,14 @@ def _tools() -> Path | None:
 def missing_reason() -> str | None:
     if os.geteuid() != 0:
         return "the cluster needs root (namespaces, mounts, cgroups)"
-    if subprocess.run(["bash", str(SCRIPTS / "cluster_testbed.sh"), "--check"], capture_output=True).returncode:
+    built = subprocess.run(["bash", str(SCRIPTS / "cluster_testbed.sh"), "--check"], capture_output=True, check=False)
+    if built.returncode:
         return "no cluster build: run scripts/cluster_testbed.sh (scripts/test.sh does; ~16 min the first time)"
     for tool in ("buildah", "runc"):
         if not shutil.which(tool):
             return f"{tool} is missing: scripts/image_testbed.sh installs it"
-    if not (IMAGES_CACHE / "storage.conf").is_file():
-        return f"no image test bed in {IMAGES_CACHE}: run scripts/image_testbed.sh"
+    if not image_build.STORAGE_CONF.is_file():
+        return f"no image test bed in {image_build.CACHE}: run scripts/image_testbed.sh"
     tools = _tools()
     if tools is None or not (tools / "helm").exists():
         return "helm is missing: run scripts/tools.sh"
@@ -84,7 +86,7 @@ class Cluster:
     def run(self, *argv: str | Path, timeout: float = 120, check: bool = True,
             stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         out = subprocess.run([str(self.in_node), *map(str, argv)], capture_output=True, text=True,
-                             timeout=timeout, input=stdin)
+                             timeout=timeout, input=stdin, check=False)
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(map(str, argv))} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
         return out
@@ -130,7 +132,8 @@ class Cluster:
                 return
             pods = self.get("-n", NS, "pods", "-l", f"serving.kserve.io/inferenceservice={name}")["items"]
             for pod in pods:
-                statuses = [*pod["status"].get("initContainerStatuses", []), *pod["status"].get("containerStatuses", [])]
+                status = pod["status"]
+                statuses = [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]
                 if any(s.get("restartCount", 0) >= 2 for s in statuses):
                     raise AssertionError(f"{pod['metadata']['name']} crash-loops:\n{self.state()}")
             time.sleep(2)
@@ -139,7 +142,7 @@ class Cluster:
 
 def _run(*argv: str | Path, timeout: float = 600, env: dict[str, str] | None = None) -> str:
     out = subprocess.run(list(map(str, argv)), capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, **(env or {})})
+                         env={**os.environ, **(env or {})}, check=False)
     if out.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, argv))} exited {out.returncode}:\n{out.stdout[-3000:]}\n"
                              f"{out.stderr[-3000:]}")
@@ -147,24 +150,22 @@ def _run(*argv: str | Path, timeout: float = 600, env: dict[str, str] | None = N
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The cluster, up, with this run's two images in its containerd; down (and cleaned up) afterwards."""
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster, up, with the session's two images (tests/image_build.py: the images tier's) in its
+    containerd; down, and cleaned up, afterwards."""
     if (RUN / "pids").exists():  # a run killed before its teardown: its cluster is ours to take down
-        subprocess.run(["bash", str(SCRIPTS / "cluster/down.sh")], capture_output=True, timeout=120)
+        subprocess.run(["bash", str(SCRIPTS / "cluster/down.sh")], capture_output=True, timeout=120, check=False)
+    images = image_build.shared(request)
     work = tmp_path_factory.mktemp("cluster")
-    tag = f"cluster-{os.getpid()}"
-    storage = {"CONTAINERS_STORAGE_CONF": str(IMAGES_CACHE / "storage.conf")}
     started = time.monotonic()
-    refs = _run("bash", SCRIPTS / "build_images.sh", "--engine", "buildah", "--tag", tag, "--base", STAND_IN,
-                "--logs", work, timeout=1800, env=storage).split()
-    built = time.monotonic()
     try:
         archives = []
-        for ref in refs:  # docker-archive names it docker.io/library/<name>:<tag> in containerd, as the chart says
-            name = ref.removeprefix("localhost/")
+        for ref in (images.server, images.operator):  # docker-archive names it docker.io/library/<name>:<tag>
+            name = ref.removeprefix("localhost/")  # in containerd, the name the chart's values give
             archive = work / f"{name.split(':')[0]}.tar"
-            _run("buildah", "push", ref, f"docker-archive:{archive}:{name}", timeout=600, env=storage)
+            _run("buildah", "push", ref, f"docker-archive:{archive}:{name}", timeout=600, env=image_build.ENV)
             archives.append(archive)
+        exported = time.monotonic()
         _run("bash", SCRIPTS / "cluster/up.sh", timeout=300)
         up = time.monotonic()
         for archive in archives:
@@ -172,14 +173,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             archive.unlink()
         tools = _tools()
         assert tools is not None
-        print(f"\ncluster: images built in {built - started:.0f} s, cluster up in {up - built:.0f} s (with the "
-              f"exports), images imported in {time.monotonic() - up:.0f} s")
-        yield Cluster(tag, tools / "helm")
+        print(f"\ncluster: images exported in {exported - started:.0f} s, cluster up in {up - exported:.0f} s, "
+              f"images imported in {time.monotonic() - up:.0f} s")
+        yield Cluster(images.tag, tools / "helm")
     finally:
         if os.environ.get("OVSERVE_CLUSTER_KEEP") != "1":  # 1: left up to look around (scripts/cluster/down.sh)
-            subprocess.run(["bash", str(SCRIPTS / "cluster/down.sh")], capture_output=True, timeout=300)
-        for ref in refs:
-            subprocess.run(["buildah", "rmi", "-f", ref], capture_output=True, env={**os.environ, **storage})
+            subprocess.run(["bash", str(SCRIPTS / "cluster/down.sh")], capture_output=True, timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +207,8 @@ def _store_manifests(tag: str) -> list[dict[str, Any]]:
         if doc["kind"] == "Deployment":
             container = doc["spec"]["template"]["spec"]["containers"][0]
             container["image"] = f"ovserve:{tag}"
-            container["args"] = [container["args"][0].replace(
-                "&& exec python", f"&& (cd /srv/demo/linear && python -m zipfile -c /srv/www/{ARCHIVE} .) && exec python")]
+            zipped = f"(cd /srv/demo/linear && python -m zipfile -c /srv/www/{ARCHIVE} .)"
+            container["args"] = [container["args"][0].replace("&& exec python", f"&& {zipped} && exec python")]
             container["readinessProbe"]["httpGet"]["path"] = f"/{ARCHIVE}"
     return docs
 
@@ -266,17 +265,35 @@ def test_an_inference_service_is_ready_and_answers_through_its_services(linear: 
     assert "REST" in out.stdout and "gRPC" in out.stdout and "expected" not in out.stdout, out.stdout
 
 
+class Load:
+    """e2e/steady_load.py in the cluster's namespace, from start to its summary."""
+
+    def __init__(self, c: Cluster) -> None:
+        rest, grpc = _endpoints(c)
+        self.proc = subprocess.Popen([str(c.in_node), sys.executable, str(HERE / "steady_load.py"), "--rest", rest,
+                                      "--grpc", grpc, "--rate", "20", "--seconds", "600"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        started = self.proc.stdout.readline().strip()
+        assert started == "LOAD STARTED", self.proc.stderr.read() if self.proc.stderr else started
+
+    def stop(self) -> dict[str, Any]:
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=60)
+        summary: dict[str, Any] = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"stderr": err}
+        return summary
+
+
+def _pods(c: Cluster) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = c.get("-n", NS, "pods", "-l", "serving.kserve.io/inferenceservice=linear")["items"]
+    return items
+
+
 def test_a_rolling_update_under_steady_traffic_loses_no_request(linear: Cluster) -> None:
     c = linear
-    rest, grpc = _endpoints(c)
-    before = {p["metadata"]["name"] for p in
-              c.get("-n", NS, "pods", "-l", "serving.kserve.io/inferenceservice=linear")["items"]}
-    load = subprocess.Popen([str(c.in_node), sys.executable, str(HERE / "steady_load.py"), "--rest", rest,
-                             "--grpc", grpc, "--rate", "20", "--seconds", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    before = {p["metadata"]["name"] for p in _pods(c)}
+    load = Load(c)
     try:
-        assert load.stdout is not None
-        assert load.stdout.readline().strip() == "LOAD STARTED"
         time.sleep(3)
         started = time.monotonic()
         store_ip, _ = c.service("model-store")
@@ -285,8 +302,7 @@ def test_a_rolling_update_under_steady_traffic_loses_no_request(linear: Cluster)
         c.kubectl("-n", NS, "rollout", "status", "deployment/linear-predictor", "--timeout=300s", timeout=320)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the old pod is gone, its drain included
-            now = {p["metadata"]["name"] for p in
-                   c.get("-n", NS, "pods", "-l", "serving.kserve.io/inferenceservice=linear")["items"]}
+            now = {p["metadata"]["name"] for p in _pods(c)}
             if not now & before:
                 break
             time.sleep(1)
@@ -295,11 +311,44 @@ def test_a_rolling_update_under_steady_traffic_loses_no_request(linear: Cluster)
         rolled = time.monotonic() - started
         time.sleep(3)
     finally:
-        load.send_signal(signal.SIGTERM)
-        out, err = load.communicate(timeout=60)
-    summary = json.loads(out.strip().splitlines()[-1])
+        summary = load.stop()
     print(f"\nrolling update: {rolled:.0f} s; REST {summary['rest']['ok']} ok, gRPC {summary['grpc']['ok']} ok")
-    assert summary["rest"]["ok"] > 100 and summary["grpc"]["ok"] > 100, (summary, err[-2000:])
+    assert summary["rest"]["ok"] > 100 and summary["grpc"]["ok"] > 100, summary
+    assert summary["rest"]["failed"] == 0 and summary["grpc"]["failed"] == 0, summary
+
+
+def test_a_predictor_pod_deleted_under_steady_traffic_loses_no_request(linear: Cluster) -> None:
+    """Two replicas; one pod deleted (as a node drain or an eviction does) while clients send: the other serves
+    every request, and the Deployment heals."""
+    c = linear
+    store_ip, _ = c.service("model-store")
+    isvc = _isvc(store_ip, ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}', "--nireq", "2"])
+    isvc["spec"]["predictor"]["minReplicas"] = 2
+    c.apply([isvc])
+    c.kubectl("-n", NS, "rollout", "status", "deployment/linear-predictor", "--timeout=300s", timeout=320)
+    c.wait_ready("inferenceservice", "linear", 300)
+    ready = [p for p in _pods(c) if not p["metadata"].get("deletionTimestamp")]
+    assert len(ready) == 2, [p["metadata"]["name"] for p in ready]
+    load = Load(c)
+    try:
+        time.sleep(3)
+        victim = ready[0]["metadata"]["name"]
+        c.kubectl("-n", NS, "delete", "pod", victim, "--wait=false")
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # the victim gone, and two Ready pods again
+            pods = _pods(c)
+            names = {p["metadata"]["name"] for p in pods}
+            ready_now = [p for p in pods if any(cond["type"] == "Ready" and cond["status"] == "True"
+                                                for cond in p["status"].get("conditions", []))]
+            if victim not in names and len(ready_now) == 2:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"the Deployment did not heal:\n{c.state()}")
+        time.sleep(3)
+    finally:
+        summary = load.stop()
+    print(f"\npod deleted: REST {summary['rest']['ok']} ok, gRPC {summary['grpc']['ok']} ok")
     assert summary["rest"]["failed"] == 0 and summary["grpc"]["failed"] == 0, summary
 
 
