@@ -116,6 +116,7 @@ class ModelServer(DataPlane):
             platform=PLATFORM,
             inputs=[p.spec for p in model.inputs],
             outputs=[p.spec for p in model.outputs],
+            parameters=dict(model.described),  # how OpenVINO compiled it: precision (chosen how), hint, streams
         )
 
     def model_status(self, name: str) -> list[VersionStatus]:
