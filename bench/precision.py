@@ -37,7 +37,7 @@ from pathlib import Path
 import openvino as ov
 
 from . import contention, floor, loadgen, models, report, servers, specs
-from .measure import RESULTS, run_case
+from .measure import RESULTS, run_quietest, wait_quiet
 
 GOAL = 0.95
 PROTOCOLS = ("grpc", "rest-binary")
@@ -88,6 +88,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per case")
     p.add_argument("--repeat", type=int, default=1, help="rounds of the served cases (alternated); medians")
     p.add_argument("--loads", type=int, default=3, help="in-process loads per way, for the load time (median)")
+    p.add_argument("--wait-quiet", type=float, default=60, metavar="SECONDS",
+                   help="before each model and each served round, wait up to this long for other processes to "
+                        "leave the CPU alone (0: not); a served case is rerun (twice at most) when they did not")
+    p.add_argument("--max-noise", type=float, default=15, metavar="PCT",
+                   help="rerun a served case when other processes took more than PCT %% of a core during it")
     p.add_argument("--out", type=Path, default=RESULTS, metavar="DIR", help="where precision-<stamp>.md goes")
     p.add_argument("--no-out", action="store_true", help="print only, write nothing")
     args = p.parse_args(argv)
@@ -151,7 +156,7 @@ def serve(repo: Path, model: str, args: argparse.Namespace, extra: list[str],
         out = {}
         for protocol in args.protocols:
             case = loadgen.Case(protocol, model, args.concurrency, args.seconds, 1.0, port=server.port_for(protocol))
-            row = run_case(case, "ovserve", server.pid, log=lambda *_: None)
+            row = run_quietest(case, "ovserve", server.pid, args.max_noise, args.wait_quiet, log=lambda *_: None)
             if row.errors or not row.count:
                 raise RuntimeError(f"ovserve over {protocol}: {row.errors} errors ({row.first_error[:300]})")
             out[protocol] = row.throughput
@@ -168,6 +173,8 @@ def served_figures(result: Result, path: Path, args: argparse.Namespace, say: Ca
     repo = path.parent.parent.parent
     runs: dict[str, list[dict[str, float]]] = {}
     for n in range(args.repeat):
+        if args.wait_quiet > 0:
+            wait_quiet(10, args.wait_quiet, log=lambda *_: None)
         for who in [*result.raw, "untuned"]:
             extra = [] if who == "untuned" else ["--plugin-config", f'{{"INFERENCE_PRECISION_HINT": "{who}"}}']
             with tempfile.TemporaryDirectory(prefix="ovserve-precision-cache-") as cache:
@@ -272,6 +279,8 @@ def main(argv: list[str]) -> int:
             return 2
         for model, path in paths.items():
             result = Result(model, str(specs.SPECS[model].plugin_config.get("PERFORMANCE_HINT", "LATENCY")))
+            if args.wait_quiet > 0:
+                wait_quiet(10, args.wait_quiet, log=lambda *_: None)
             say(f"{model} ({result.hint}), {args.concurrency} in flight, {args.seconds:g} s per case:")
             raw_figures(result, path, specs.SPECS[model], args, say)
             served_figures(result, path, args, say)

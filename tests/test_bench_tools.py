@@ -93,7 +93,8 @@ def test_runs_in_the_same_minute_are_written_side_by_side_not_over_each_other(tm
 
 
 def test_precision_sets_raw_openvino_in_each_precision_beside_ovserve_untuned(tmp_path: Path) -> None:
-    out = _run("bench.precision", "--models", "resnetish", "--seconds", "0.3", "--loads", "1", "--out", str(tmp_path))
+    out = _run("bench.precision", "--models", "resnetish", "--seconds", "0.3", "--loads", "1", "--wait-quiet", "0",
+               "--out", str(tmp_path))
     from ovserve.server.runtime.measure import default_precision
 
     precisions = {default_precision(ov.Core()), "f32"}
