@@ -207,6 +207,19 @@ def test_a_failed_measurement_leaves_openvinos_default_and_the_load_succeeds(
 
 
 @needs_a_choice
+def test_a_model_too_long_to_time_within_the_bound_keeps_openvinos_default(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OVSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(measure, "LONGEST_SECONDS", 0.0)  # as a model of seconds per inference would find it
+    with caplog.at_level(logging.INFO, logger="ovserve"):
+        model = _load(tmp_path / "m", models.conv_stack(**SMALL))
+    assert (model.described["inference_precision"], model.described["precision_chosen_by"]) == (DEFAULT,
+                                                                                               "openvino_default")
+    assert f"OpenVINO's default, {DEFAULT} (not measured: a warm-up inference took {DEFAULT} " in caplog.text
+    assert not (tmp_path / "cache").exists()
+
+
+@needs_a_choice
 def test_an_unwritable_cache_is_said_and_the_choice_stands(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "a-file"
