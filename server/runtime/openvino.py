@@ -354,7 +354,7 @@ class OpenVINOModel:
         #: the precision chosen for a model whose plugin_config names none (measure.py); kept for a recompile
         self.precision: measure.Decision | None = None
         #: how the model was compiled, for the metadata's ``parameters`` (see _describe)
-        self.described: dict[str, str | float] = {}
+        self.described: dict[str, str | float | int] = {}
         #: running estimate of one inference's duration (seconds), inline or asynchronous; None until measured
         self.cost: float | None = None
         #: the second shortest of the last INLINE_SAMPLES inline runs, what the inline rule reads (see
@@ -478,17 +478,18 @@ class OpenVINOModel:
                  self.path, decision.listed, decision.why)
         return outcome.compiled
 
-    def _describe(self, compiled: ov.CompiledModel) -> dict[str, str | float]:
+    def _describe(self, compiled: ov.CompiledModel) -> dict[str, str | float | int]:
         """What the model metadata's ``parameters`` say of how it was compiled: the precision, how it was
         chosen (and the medians it was chosen from), the hint and the streams."""
-        out: dict[str, str | float] = {}
+        out: dict[str, str | float | int] = {}
         for key, name in (("INFERENCE_PRECISION_HINT", "inference_precision"), ("PERFORMANCE_HINT", "performance_hint"),
                           ("NUM_STREAMS", "num_streams")):
             try:
                 value = compiled.get_property(key)
             except Exception:  # a device without the property
                 continue
-            out[name] = value.get_type_name() if isinstance(value, ov.Type) else str(value)
+            out[name] = (value.get_type_name() if isinstance(value, ov.Type) else
+                         int(value) if key == "NUM_STREAMS" else str(value))
         if not untuned.precision_untuned({str(k): v for k, v in self.options.plugin_config.items()}):
             out["precision_chosen_by"] = "plugin_config"
         elif self.precision is not None:
