@@ -9,14 +9,14 @@ untuned rule gives it on this machine), for each candidate precision (OpenVINO's
 - **ceiling**: the same beside the bytes the served requests move over loopback at 0.85x of that
   (``bench.floor``): the best a server can serve in that precision;
 
-then ovserve, a fresh server each time on a repository holding the model alone (no config.json), over gRPC
-and REST binary (``--protocols``) at the same concurrency: **in each precision** (``INFERENCE_PRECISION_HINT`` in
-``--plugin-config``: what ovserve serves in that precision) and **untuned** (no plugin option and an empty
-decision cache, so it measures), alternated ``--repeat`` times (medians), with what the untuned server logged as
-its choice and the medians it chose from. Goal: untuned served at least :data:`GOAL` x the faster precision as
-ovserve serves it (the served ceiling of the faster raw precision), per protocol. Each model's **load time** is
-also taken in process (``OpenVINOModel.load``, median of ``--loads``): measuring (an empty cache), the decision
-read from the cache, and ``--untuned-measure off``: what the measurement adds to a load. Written to
+then ovserve, a fresh server each time on a repository holding the model alone (no config.json), over gRPC and REST
+binary (``--protocols``) at the same concurrency: **in each precision** (``INFERENCE_PRECISION_HINT`` in
+``--plugin-config``: what ovserve serves in that precision) and **untuned** (no plugin option and an empty decision
+cache, so it measures), ``--repeat`` rounds, each starting one further along (medians), with what the untuned
+server logged as its choice and the medians it chose from. Goal: untuned served at least :data:`GOAL` x the faster
+precision as ovserve serves it (the served ceiling of the faster raw precision), per protocol. Each model's **load
+time** is also taken in process (``OpenVINOModel.load``, median of ``--loads``): measuring (an empty cache), the
+decision read from the cache, and ``--untuned-measure off``: what the measurement adds to a load. Written to
 ``bench/results/precision-<stamp>.md``.
 """
 from __future__ import annotations
@@ -169,13 +169,14 @@ def serve(repo: Path, model: str, args: argparse.Namespace, extra: list[str],
 
 def served_figures(result: Result, path: Path, args: argparse.Namespace, say: Callable[[str], None]) -> None:
     """ovserve with each precision named in plugin_config (each precision's served ceiling), and untuned (an
-    empty decision cache: it measures), alternated ``--repeat`` times; the medians."""
+    empty decision cache: it measures), ``--repeat`` rounds, each starting one further along; the medians."""
     repo = path.parent.parent.parent
     runs: dict[str, list[dict[str, float]]] = {}
     for n in range(args.repeat):
         if args.wait_quiet > 0:
             wait_quiet(10, args.wait_quiet, log=lambda *_: None)
-        for who in [*result.raw, "untuned"]:
+        order = [*result.raw, "untuned"]
+        for who in order[n % len(order):] + order[:n % len(order)]:  # each first in turn: no fixed neighbour
             extra = [] if who == "untuned" else ["--plugin-config", f'{{"INFERENCE_PRECISION_HINT": "{who}"}}']
             with tempfile.TemporaryDirectory(prefix="ovserve-precision-cache-") as cache:
                 per_s, said = serve(repo, result.model, args, extra, cache)
