@@ -59,6 +59,9 @@ def test_the_cache_file_keeps_decisions_by_key_and_survives_a_bad_file(tmp_path:
     measure.remember(file, "other", {"chosen": "f32", "ms": {"bf16": 2.0, "f32": 1.0}})
     assert measure.cached(file, "k") == {"chosen": "bf16", "ms": {"bf16": 1.0, "f32": 2.0}}
     assert measure.cached(file, "missing") is None
+    file.write_text(json.dumps({"k": {"chosen": "f16", "ms": {"bf16": 1.0, "f32": 2.0}}, "n": {"chosen": "f32"},
+                                "s": {"chosen": "f32", "ms": {"f32": "fast"}}}))
+    assert [measure.cached(file, k) for k in ("k", "n", "s")] == [None] * 3  # not well-formed: measured again
     file.write_text("{not json")
     assert measure.cached(file, "k") is None  # measured again, and written whole
     measure.remember(file, "k", {"chosen": "f32", "ms": {"f32": 1.0}})

@@ -207,9 +207,12 @@ def cached(path: Path, key: str) -> dict[str, Any] | None:
     """The decision stored under ``key``, if any (and well-formed)."""
     with _lock:
         entry = _read(path).get(key)
-    if isinstance(entry, dict) and isinstance(entry.get("chosen"), str) and isinstance(entry.get("ms"), dict):
-        return entry
-    return None
+    if not (isinstance(entry, dict) and isinstance(entry.get("ms"), dict) and entry.get("chosen") in entry["ms"]):
+        return None
+    try:
+        return {**entry, "ms": {str(p): float(v) for p, v in entry["ms"].items()}}
+    except (TypeError, ValueError):
+        return None
 
 
 def remember(path: Path, key: str, entry: dict[str, Any]) -> None:
@@ -332,7 +335,7 @@ def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any]
         log.warning("%s: the untuned precision's cache %s: %s", path, file, _line(exc))
         entry = None
     if entry is not None:
-        ms = {str(p): float(v) for p, v in entry["ms"].items()}
+        ms = entry["ms"]
         return Outcome(Decision(entry["chosen"], CACHED, f"as measured before, in {file}: {said(ms)} per inference: "
                                                          f"{verdict(ms, entry['chosen'])}", ms, default))
     try:
@@ -347,7 +350,7 @@ def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any]
                     _line(exc), default)
         return Outcome(Decision(None, DEFAULT, f"the measurement failed: {_line(exc)}", default=default))
     chosen = faster(measured.ms)
-    where = f"cached in {file}"
+    where = f"cached in {file}" if key else "not cached: no key"
     if key:
         try:
             at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
