@@ -110,14 +110,19 @@ def build_repository(repo: Path, mobilenet: bool = True) -> dict[str, Path]:
 
 def with_servers_precision(name: str, path: Path) -> None:
     """The precision the server would choose for ``name`` here, written into its spec's properties, so that raw
-    OpenVINO, the peers and ovserve compile the same model (on a CPU with bf16 but no AMX the server compiles a
-    compute-bound model in f32: server/runtime/untuned.py). Nothing where the spec names a precision already."""
-    from ovserve.server.runtime import untuned
-    from ovserve.server.runtime.openvino import bf16_without_amx, core
+    OpenVINO, the peers and ovserve compile the same model. Chosen by the server's own code (it times OpenVINO's
+    default precision against f32 on this CPU, server/runtime/measure.py) with the spec's properties. Nothing
+    where the spec names a precision already."""
+    from ovserve.server.runtime import measure, untuned
+    from ovserve.server.runtime.openvino import core
 
     config = spec_of(name).plugin_config
-    if untuned.precision_untuned(config) and bf16_without_amx():
-        config.update(untuned.choose_precision(untuned.work_of(core().read_model(str(path)))).properties)
+    if untuned.precision_untuned(config):
+        model = core().read_model(str(path))
+        outcome = measure.choose(core(), model, path, {"PERFORMANCE_HINT": "LATENCY", **config},
+                                 untuned.work_of(model), 1)
+        log.info("%s: %s (%s)", name, outcome.decision.listed, outcome.decision.why)
+        config.update(outcome.decision.properties)
 
 
 def build_small_classifier(repo: Path) -> Path:

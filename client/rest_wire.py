@@ -131,7 +131,7 @@ def metadata_from_json(doc: dict[str, Any]) -> ModelMetadata:
 
     return ModelMetadata(name=doc.get("name", ""), versions=[str(v) for v in doc.get("versions") or []],
                          platform=doc.get("platform", ""), inputs=specs(doc.get("inputs")),
-                         outputs=specs(doc.get("outputs")))
+                         outputs=specs(doc.get("outputs")), parameters=dict(doc.get("parameters") or {}))
 
 
 # -- V1 REST wire -------------------------------------------------------------

@@ -66,3 +66,6 @@ class ModelMetadata:
     platform: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    #: extensions beyond the V2 protocol (REST only: gRPC's ModelMetadataResponse has no such field), e.g. the
+    #: OpenVINO precision ovserve compiled the model in and how it chose it
+    parameters: dict[str, Any] = field(default_factory=dict)

@@ -125,10 +125,6 @@ def cpu_budget() -> CpuBudget:
 
 
 CPUINFO = Path("/proc/cpuinfo")
-#: the CPU flags that say the processor has AMX, whose tile units make bf16 fast (see runtime/untuned.py)
-AMX_FLAGS = frozenset({"amx_bf16", "amx_tile"})
-#: the flag of AVX-512's bf16 dot products, the only other way to bf16 the rule there was measured on
-AVX512_BF16 = "avx512_bf16"
 
 
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:

@@ -126,6 +126,8 @@ class ModelServer(DataPlane):
             platform=PLATFORM if model is not None else HANDLER_PLATFORM,  # a handler alone: no inputs, no outputs
             inputs=[p.spec for p in model.inputs] if model is not None else [],
             outputs=[p.spec for p in model.outputs] if model is not None else [],
+            # how OpenVINO compiled it: precision (chosen how), hint, streams
+            parameters=dict(model.described) if model is not None else {},
         )
 
     def model_status(self, name: str) -> list[VersionStatus]:

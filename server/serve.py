@@ -15,6 +15,7 @@ from .gate.exposure import exposed_management
 from .model_server import ModelServer
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
+from .runtime import measure
 from .runtime.openvino import LoadOptions
 from .torchserve.registry import WorkerPolicy
 from .torchserve.store import ModelStore
@@ -63,6 +64,7 @@ def build(settings: Settings) -> Server:
     except ValueError as exc:
         raise SystemExit(f"ovserve: {exc}") from None
     images.configure(settings.max_image_pixels, settings.max_images)
+    measure.configure(settings.untuned_measure)  # the untuned precision: timed at load, or OpenVINO's default
     # registered models are unpacked here; a folder of our own is removed when the server stops
     work = settings.ts_work_dir or Path(tempfile.mkdtemp(prefix="ovserve-ts-"))
     try:

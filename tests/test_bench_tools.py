@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import openvino as ov
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
@@ -89,6 +90,26 @@ def test_runs_in_the_same_minute_are_written_side_by_side_not_over_each_other(tm
     again = report.write_named("photo", [], "table", started, tmp_path / "results")
     assert [p.name for p in named + again] == ["photo-20261124-1917.md", "photo-20261124-1917.csv",
                                                "photo-20261124-191742.md", "photo-20261124-191742.csv"]
+
+
+def test_precision_sets_raw_openvino_in_each_precision_beside_ovserve_untuned(tmp_path: Path) -> None:
+    out = _run("bench.precision", "--models", "resnetish", "--seconds", "0.3", "--loads", "1", "--wait-quiet", "0",
+               "--out", str(tmp_path))
+    from ovserve.server.runtime.measure import default_precision
+
+    precisions = {default_precision(ov.Core()), "f32"}
+    raw = dict(re.findall(r"raw (\w+) +(\d+)/s alone, +\d+/s beside the wire", out))
+    assert set(raw) == precisions and all(int(v) > 0 for v in raw.values()), out
+    assert {p for p in precisions if re.search(rf"ovserve in {p} +grpc \d+/s, rest-binary \d+/s", out)} == precisions
+    said = re.search(r"ovserve untuned +grpc \d+/s, rest-binary \d+/s; it said: (.*)", out)
+    assert said and said.group(1).startswith("INFERENCE_PRECISION_HINT"), out
+    if len(precisions) > 1:  # something to choose: measured, both medians said (an empty cache each time)
+        assert re.search(r"\(measured \w+ [\d.]+ ms, f32 [\d.]+ ms per inference", said.group(1)), out
+    assert re.search(r"load measuring \d+ ms, cached \d+ ms, off \d+ ms", out), out
+    [written] = tmp_path.glob("precision-*.md")
+    text = written.read_text()
+    assert "| resnetish | grpc |" in text and "| resnetish | rest-binary |" in text and "untuned / faster served" in text
+    assert "--models resnetish" in text and "CPU flags" in text
 
 
 def test_renew_times_a_fresh_infer_request_beside_an_inference_for_every_model_and_hint() -> None:

@@ -335,7 +335,11 @@ def rest_metadata(server: ServerProcess, model: str, version: str) -> dict:
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
     resp = requests.get(server.url + path, timeout=TIMEOUT)
     assert resp.status_code == 200, resp.text
-    return resp.json()
+    doc = resp.json()
+    # REST's extension field (gRPC's message has none): how the model was compiled, here in the f32 EXACT names
+    params = doc.pop("parameters")
+    assert (params["inference_precision"], params["precision_chosen_by"]) == ("f32", "plugin_config"), params
+    return doc
 
 
 def grpc_metadata(server: ServerProcess, model: str, version: str) -> dict:

@@ -800,6 +800,8 @@ def test_onnx_model(tmp_path: Path, start_server) -> None:
     server = start_server("--model-repository", tmp_path / "repo", "--poll-interval", "0", *EXACT)
 
     md = requests.get(server.url + "/v2/models/affine", timeout=10).json()
+    # how it was compiled, an extension field: the precision plugin_config (EXACT) named
+    assert md.pop("parameters")["inference_precision"] == "f32"
     assert md == {
         "name": "affine", "versions": ["1"], "platform": "OpenVINO",
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],

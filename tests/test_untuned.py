@@ -66,68 +66,6 @@ def test_a_matmul_of_two_activations_reads_no_weights_and_compressed_weights_cou
     assert ut.work_of(ov.Model([ops.matmul(x, half, False, False)], [x], "f16")) == ut.Work(2.0 * 4 * 16, 1, 64.0)
 
 
-def test_the_precision_rule() -> None:
-    """Where bf16 has no AMX: f32 for compute-bound layers, OpenVINO's bf16 where reading the weights dominates (a
-    fully connected layer at batch 1: 2 FLOPs per weight), and for tiny or unknown work."""
-    assert ut.choose_precision(None).properties == {}
-    assert ut.choose_precision(ut.Work(16.0, 0)).properties == {}
-    mobilenet = ut.choose_precision(ut.Work(615e6, 53, 3.47e6))
-    assert mobilenet.properties == {"INFERENCE_PRECISION_HINT": "f32"} and "177 FLOPs per weight" in mobilenet.why
-    dense = 6 * 1024 * 1024
-    assert ut.choose_precision(ut.Work(2.0 * dense, 6, dense)).properties == {}  # batch 1
-    assert ut.choose_precision(ut.Work(2.0 * 4 * dense, 6, dense)).properties == {}  # batch 4: 8 FLOPs per weight
-    assert ut.choose_precision(ut.Work(2.0 * 8 * dense, 6, dense)).properties == {"INFERENCE_PRECISION_HINT": "f32"}
-    assert ut.choose_precision(ut.Work(5e6, 1, 0.0)).properties == {"INFERENCE_PRECISION_HINT": "f32"}
-    assert ut.precision_untuned({"PERFORMANCE_HINT": "LATENCY"})
-    assert not ut.precision_untuned(F32) and not ut.precision_untuned({"EXECUTION_MODE_HINT": "ACCURACY"})
-
-
-def test_which_cpus_have_bf16_without_amx(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
-                       "processor\t: 1\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
-    amx = cpus.cpu_flags(cpuinfo)
-    assert {"avx512_bf16", "amx_tile"} <= amx
-    assert not ut.bf16_without_amx(["FP32", "BF16"], amx)
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
-    assert ut.bf16_without_amx(["FP32", "BF16", "INT8"], cpus.cpu_flags(cpuinfo))
-    assert not ut.bf16_without_amx(["FP32", "INT8"], cpus.cpu_flags(cpuinfo))  # no bf16: OpenVINO infers in f32
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx_vnni avx_ne_convert\n")
-    assert not ut.bf16_without_amx(["FP32", "BF16"], cpus.cpu_flags(cpuinfo))  # bf16 another way: not measured
-    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")
-    assert not ut.bf16_without_amx(["FP32", "BF16"], cpus.cpu_flags(cpuinfo))  # Arm: no x86 flags line
-    assert cpus.cpu_flags(tmp_path / "missing") == frozenset()
-
-
-def _precision(model: OpenVINOModel) -> str:
-    assert model._compiled is not None
-    return str(model._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name())
-
-
-def test_on_bf16_without_amx_a_compute_bound_model_is_compiled_in_f32(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ovserve.server.runtime import openvino as runtime
-
-    monkeypatch.setattr(runtime, "_bf16_without_amx", True)  # as this process had read it on such a CPU
-    with caplog.at_level(logging.INFO, logger="ovserve"):
-        chosen = _load(tmp_path / "chosen", models.conv_stack(**SMALL), plugin_config={"PERFORMANCE_HINT": "LATENCY"})
-        dense = _load(tmp_path / "dense", models.matmul(k=1024, n=1024), plugin_config={})
-        user = _load(tmp_path / "user", models.conv_stack(**SMALL), plugin_config={"EXECUTION_MODE_HINT": "ACCURACY"})
-    assert _precision(chosen) == "f32"  # the precision is chosen though the hint was the user's
-    # the weight-bound model keeps OpenVINO's own precision: bf16 where the CPU has it, f32 elsewhere
-    has_bf16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    assert _precision(dense) == ("bf16" if has_bf16 else "f32")
-    assert caplog.text.count(": untuned precision: ") == 2  # not for the user's own choice
-    assert "untuned precision: INFERENCE_PRECISION_HINT f32 (bf16 without AMX is slower than f32" in caplog.text
-    assert "untuned precision: OpenVINO's default, bf16 (bf16 without AMX; 2 FLOPs per weight: reading the weights" in caplog.text
-    assert _precision(user) != "bf16"  # ACCURACY: OpenVINO keeps the model's own precision
-    monkeypatch.setattr(runtime, "_bf16_without_amx", False)
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="ovserve"):
-        _load(tmp_path / "elsewhere", models.conv_stack(**SMALL), plugin_config={})
-    assert "untuned precision" not in caplog.text  # with AMX, or without bf16: OpenVINO's own choice
-
-
 def test_the_model_itself_is_left_dynamic() -> None:
     model = models.conv_stack(**SMALL)
     assert ut.work_of(model) is not None
@@ -250,26 +188,5 @@ def test_config_json_settings_are_kept(start_server, tmp_path: Path) -> None:
     server = start_server("--config", repo / "config.json", "--poll-interval", "0")
     server.wait_log(r"model small version 1: ")
     assert ": untuned: " not in server.log  # the hint and the threads are the user's
-    # the precision, which config.json leaves open, is the server's where bf16 has no AMX behind it (and it says so)
-    from ovserve.server.runtime.openvino import bf16_without_amx
-
-    assert ("small/1/model.xml: untuned precision: INFERENCE_PRECISION_HINT f32" in server.log) == bf16_without_amx()
-
-
-def test_a_server_says_the_precision_it_chose_where_bf16_has_no_amx(start_server, tmp_path: Path) -> None:
-    from ovserve.server.runtime.openvino import bf16_without_amx
-
-    if not bf16_without_amx():
-        pytest.skip("this CPU has AMX or no bf16: OpenVINO's own precision stands (the rule: the test above)")
-    repo = tmp_path / "repo"
-    models.save(models.conv_stack(**SMALL), repo, "small")
-    server = start_server("--model-repository", repo, "--poll-interval", "0")
-    said = server.wait_log(r"small/1/model\.xml: untuned precision: ")
-    assert "INFERENCE_PRECISION_HINT f32 (bf16 without AMX is slower than f32 for compute-bound layers" in said
-    x = np.random.default_rng(7).standard_normal((1, 16, 28, 28)).astype(np.float32)
-    body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
-    reply = requests.post(f"{server.url}/v2/models/small/infer", json=body, timeout=30)
-    assert reply.status_code == 200, reply.text
-    want = next(iter(ov.Core().compile_model(str(repo / "small" / "1" / "model.xml"), "CPU", F32)({"x": x}).values()))
-    got = np.asarray(reply.json()["outputs"][0]["data"], np.float32).reshape(want.shape)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # f32's answer, not bf16's
+    # the precision, which config.json leaves open, is the server's (tests/test_untuned_precision.py)
+    assert "small/1/model.xml: untuned precision: " in server.log

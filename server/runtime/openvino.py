@@ -26,7 +26,7 @@ from ovserve.common.codecs.datatypes import OV_TO_V2
 from .. import cpus
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
-from . import threadstate, untuned
+from . import measure, threadstate, untuned
 from .failures import inference_error
 from .shapecheck import ShapeCheck
 from .shedding import refusal
@@ -46,21 +46,6 @@ def core() -> ov.Core:
     if _core is None:
         _core = ov.Core()
     return _core
-
-
-_bf16_without_amx: bool | None = None
-
-
-def bf16_without_amx() -> bool:
-    """Whether OpenVINO's CPU device would infer in bf16 here without AMX behind it (read once; untuned.py)."""
-    global _bf16_without_amx
-    if _bf16_without_amx is None:
-        try:
-            capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-        except Exception:  # no CPU device: nothing to choose
-            capabilities = []
-        _bf16_without_amx = untuned.bf16_without_amx(capabilities, cpus.cpu_flags())
-    return _bf16_without_amx
 
 
 @dataclass(slots=True)
@@ -366,6 +351,10 @@ class OpenVINOModel:
         self._recompiled_at = float("-inf")
         self._generation = 0
         self.compile_seconds = 0.0
+        #: the precision chosen for a model whose plugin_config names none (measure.py); kept for a recompile
+        self.precision: measure.Decision | None = None
+        #: how the model was compiled, for the metadata's ``parameters`` (see _describe)
+        self.described: dict[str, str | float | int] = {}
         #: running estimate of one inference's duration (seconds), inline or asynchronous; None until measured
         self.cost: float | None = None
         #: the second shortest of the last INLINE_SAMPLES inline runs, what the inline rule reads (see
@@ -443,24 +432,28 @@ class OpenVINOModel:
         model = self._read()
         config = {str(k): v if not isinstance(v, bool) else ("YES" if v else "NO")
                   for k, v in opts.plugin_config.items()}
+        compiled: ov.CompiledModel | None = None
         if opts.device == "CPU":
             budget = cpus.cpu_budget()  # the affinity mask and the cgroup files, read once for both choices
             hint_free = untuned.untuned(config)
-            precision_free = untuned.precision_untuned(config) and bf16_without_amx()
-            if hint_free or precision_free:
+            precision_free = untuned.precision_untuned(config)
+            work: untuned.Work | None = None
+            if hint_free or (precision_free and self.precision is None):
                 work = untuned.work_of(model, max(opts.max_batch_size, 1))
-                if hint_free:
-                    self._choose_untuned(work, config, budget)
-                if precision_free:
-                    self._choose_precision(work, config)
+            if hint_free:
+                self._choose_untuned(work, config, budget)
             if "INFERENCE_NUM_THREADS" not in config:
                 self._fit_threads_to_quota(config, budget)
+            if precision_free:
+                compiled = self._choose_precision(model, work, config)
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
-        try:
-            compiled = core().compile_model(model, opts.device, config)
-        except Exception as exc:
-            raise FailedPrecondition(f"cannot compile for {opts.device}: {_first_line(exc)}") from None
+        if compiled is None:
+            try:
+                compiled = core().compile_model(model, opts.device, config)
+            except Exception as exc:
+                raise FailedPrecondition(f"cannot compile for {opts.device}: {_first_line(exc)}") from None
         self.compile_seconds = time.perf_counter() - started
+        self.described = self._describe(compiled)
         return compiled
 
     def _choose_untuned(self, work: untuned.Work | None, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
@@ -470,12 +463,40 @@ class OpenVINOModel:
         log.info("%s: untuned: %s (%s; set PERFORMANCE_HINT, NUM_STREAMS or INFERENCE_NUM_THREADS in "
                  "plugin_config to choose)", self.path, choice.listed, choice.why)
 
-    def _choose_precision(self, work: untuned.Work | None, config: dict[str, Any]) -> None:
-        """The inference precision for a model whose user did not choose it, on a CPU whose bf16 has no AMX."""
-        choice = untuned.choose_precision(work)
-        config.update(choice.properties)
+    def _choose_precision(self, model: ov.Model, work: untuned.Work | None,
+                          config: dict[str, Any]) -> ov.CompiledModel | None:
+        """The inference precision for a model whose user did not choose it, measured on this CPU (measure.py),
+        into ``config``; the compiled model where measuring compiled it already. A recompile keeps the choice."""
+        if self.precision is not None:
+            config.update(self.precision.properties)
+            return None
+        config.setdefault("PERFORMANCE_HINT", "LATENCY")  # what the model is served with, and so measured with
+        outcome = measure.choose(core(), model, self.path, config, work, max(self.options.max_batch_size, 1))
+        decision = self.precision = outcome.decision
+        config.update(decision.properties)
         log.info("%s: untuned precision: %s (%s; set INFERENCE_PRECISION_HINT in plugin_config to choose)",
-                 self.path, choice.listed or "OpenVINO's default, bf16", choice.why)
+                 self.path, decision.listed, decision.why)
+        return outcome.compiled
+
+    def _describe(self, compiled: ov.CompiledModel) -> dict[str, str | float | int]:
+        """What the model metadata's ``parameters`` say of how it was compiled: the precision, how it was
+        chosen (and the medians it was chosen from), the hint and the streams."""
+        out: dict[str, str | float | int] = {}
+        for key, name in (("INFERENCE_PRECISION_HINT", "inference_precision"), ("PERFORMANCE_HINT", "performance_hint"),
+                          ("NUM_STREAMS", "num_streams")):
+            try:
+                value = compiled.get_property(key)
+            except Exception:  # a device without the property
+                continue
+            out[name] = (value.get_type_name() if isinstance(value, ov.Type) else
+                         int(value) if key == "NUM_STREAMS" else str(value))
+        if not untuned.precision_untuned({str(k): v for k, v in self.options.plugin_config.items()}):
+            out["precision_chosen_by"] = "plugin_config"
+        elif self.precision is not None:
+            out["precision_chosen_by"] = self.precision.source
+            for p, ms in self.precision.ms.items():
+                out[f"precision_ms_{p}"] = round(ms, 3)
+        return out
 
     def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
         """No more OpenVINO threads than the cgroup CPU quota can run at once (see cpus.py)."""

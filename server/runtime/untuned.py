@@ -22,37 +22,23 @@ output element. The batch dimension counts as the largest batch the model will r
 dimension (an image of any size, a sequence of any length) has no fixed work and keeps
 OpenVINO's defaults.
 
-**The precision.** On a CPU that has AVX512_BF16 but no AMX, OpenVINO infers in bf16 by
-default, and there a convolution network runs at about half its f32 speed (MobileNetV2
-0.58x, a stack of 3x3 convolutions 0.52x; docs/performance.md "bf16 without AMX"), while a
-MatMul whose weights are read once per inference (batch 1 of a fully connected layer) runs
-faster in bf16, its weights being half the bytes (1.41x). The line is the work per weight:
-FLOPs per weight element of the layers, at or above :data:`F32_FROM_FLOPS_PER_WEIGHT` the
-model is compute-bound and is compiled in f32 (exact, and faster); below it bf16 is kept.
-With AMX, or without bf16 at all, OpenVINO's own choice stands.
+**The precision** is not chosen here: it is measured on the CPU the server runs on (measure.py).
 
 A user's explicit setting always wins: any of :data:`TUNING_KEYS` in ``plugin_config``
-and the hint and threads are left alone; any of :data:`PRECISION_KEYS`, and the precision.
+and the hint and threads are left alone; any of :data:`PRECISION_KEYS`, and the precision (measure.py).
 Only the CPU device is chosen for.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import openvino as ov
 
-from .. import cpus
-
 #: plugin_config keys that mean the user has tuned the model: none of the choices below apply.
 TUNING_KEYS = frozenset({"PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_NUM_THREADS"})
-#: plugin_config keys that choose the inference precision: the precision rule does not apply.
+#: plugin_config keys that choose the inference precision: the server does not measure it (measure.py).
 PRECISION_KEYS = frozenset({"INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT"})
-#: Where bf16 has no AMX behind it, a model doing at least this many FLOPs per weight element of its layers is
-#: compiled in f32. A chain of 1024x1024 MatMuls measured bf16 over f32 1.41x at batch 1 (2 FLOPs per weight),
-#: 1.17x at 4 (8), 0.71x at 8 (16), 0.59x at 32 (64); MobileNetV2 (~175) 0.58x, 3x3 convolutions 0.52x.
-F32_FROM_FLOPS_PER_WEIGHT = 12.0
 #: An inference of less work than this takes microseconds on one core (~50 us at 20 GFLOP/s, inside the
 #: ~150 us under which the server runs it inline on its loop): one thread.
 TINY_FLOPS = 1e6
@@ -93,7 +79,7 @@ class Choice:
         return ", ".join(f"{k} {v}" for k, v in self.properties.items())
 
 
-def _mega(flops: float) -> str:
+def mega(flops: float) -> str:
     if flops >= 1e9:
         return f"{flops / 1e9:.2g} GFLOP"
     if flops >= 1e6:
@@ -117,7 +103,7 @@ def _layer_flops(node: ov.Node) -> float:
     return 2.0 * out * float(np.prod(weights[1:]))  # Convolution: [out, in, k...]
 
 
-def _batch_index(port: ov.Output) -> int:
+def batch_index(port: ov.Output) -> int:
     layout = port.get_node().get_layout()
     if not layout.empty and ov.layout_helpers.has_batch(layout):
         rank = int(port.get_partial_shape().rank.get_length())
@@ -134,7 +120,7 @@ def work_of(model: ov.Model, batch: int = 1) -> Work | None:
         if partial.rank.is_dynamic:
             return None
         dims = list(partial)
-        at = _batch_index(port)
+        at = batch_index(port)
         fixed = []
         for i, dim in enumerate(dims):
             if dim.is_static:
@@ -181,9 +167,9 @@ def choose(work: Work | None, cpus: int) -> Choice:
                                                        "other than the batch): OpenVINO's default")
     if work.flops < TINY_FLOPS:
         return Choice({"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1},
-                      f"{_mega(work.flops)} per inference, microseconds: one thread, no other to spin for it")
+                      f"{mega(work.flops)} per inference, microseconds: one thread, no other to spin for it")
     per_cpu = work.per_layer / max(cpus, 1)
-    shape = f"{_mega(work.flops)} in {work.layers} layers, {_mega(per_cpu)} per layer per CPU on {cpus} CPUs"
+    shape = f"{mega(work.flops)} in {work.layers} layers, {mega(per_cpu)} per layer per CPU on {cpus} CPUs"
     if cpus > 1 and work.layers > 1 and per_cpu < SMALL_LAYER_FLOPS_PER_CPU:
         return Choice({"PERFORMANCE_HINT": "THROUGHPUT"},
                       f"{shape}: small layers, each a barrier for a latency stream's threads; a stream per core")
@@ -198,27 +184,3 @@ def untuned(plugin_config: dict[str, object]) -> bool:
 def precision_untuned(plugin_config: dict[str, object]) -> bool:
     """Whether the user left the inference precision to the server."""
     return not PRECISION_KEYS.intersection(plugin_config)
-
-
-def bf16_without_amx(capabilities: Iterable[str], flags: frozenset[str]) -> bool:
-    """Whether OpenVINO would infer in bf16 (its CPU device lists BF16 among OPTIMIZATION_CAPABILITIES) through
-    AVX512_BF16 alone, with no AMX (``flags``: /proc/cpuinfo's). Other ways to bf16 (AVX-NE-CONVERT, Arm) were
-    not measured: OpenVINO's choice stands there."""
-    return "BF16" in set(capabilities) and cpus.AVX512_BF16 in flags and not flags & cpus.AMX_FLAGS
-
-
-def choose_precision(work: Work | None) -> Choice:
-    """On a CPU whose bf16 has no AMX behind it (see :func:`bf16_without_amx`): f32 for a compute-bound model,
-    OpenVINO's bf16 (no property) for one that mostly streams its weights, or whose work is unknown or tiny."""
-    if work is None:
-        return Choice({}, "bf16 without AMX; the work per inference is unknown")
-    if work.flops < TINY_FLOPS:
-        return Choice({}, f"bf16 without AMX; {_mega(work.flops)} per inference, microseconds either way")
-    if not work.layers:
-        return Choice({}, f"bf16 without AMX; {_mega(work.flops)} per inference and no layers")
-    per_weight = work.flops / work.weights if work.weights else float("inf")
-    said = f"{per_weight:.3g} FLOPs per weight" if work.weights else "no constant weights"
-    if per_weight >= F32_FROM_FLOPS_PER_WEIGHT:
-        return Choice({"INFERENCE_PRECISION_HINT": "f32"},
-                      f"bf16 without AMX is slower than f32 for compute-bound layers; {said}")
-    return Choice({}, f"bf16 without AMX; {said}: reading the weights dominates, and bf16 halves their bytes")

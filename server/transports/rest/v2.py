@@ -1,6 +1,8 @@
 """KServe V2 REST endpoints (health, metadata, infer, explain, repository extension)."""
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -43,15 +45,16 @@ def _name_version(request: Request) -> tuple[str, str]:
 async def model_metadata(request: Request) -> Response:
     name, version = _name_version(request)
     md = dataplane(request).model_metadata(name, version)
-    return json_response(
-        {
-            "name": md.name,
-            "versions": md.versions,
-            "platform": md.platform,
-            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.inputs],
-            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.outputs],
-        }
-    )
+    doc: dict[str, Any] = {
+        "name": md.name,
+        "versions": md.versions,
+        "platform": md.platform,
+        "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.inputs],
+        "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.outputs],
+    }
+    if md.parameters:  # an extension field: V2 clients read the fields above and ignore it
+        doc["parameters"] = md.parameters
+    return json_response(doc)
 
 
 async def model_ready(request: Request) -> Response:
