@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -22,13 +23,19 @@ from google.protobuf import empty_pb2
 from . import models
 from .mar import SLOW_HANDLER, STREAM_HANDLER, build_mar, stage_add_model, write_model_config
 from .servers import ServerProcess
-from .ts_stubs import ts_stubs
+from .ts_harness import (
+    code_of,
+    inference_pb2,
+    management_pb2,
+    management_pb2_grpc,
+    predict,
+    register,
+    stubs,
+    ts_server,
+)
 
 pytestmark = pytest.mark.integration
 
-ts = ts_stubs()
-inference_pb2, inference_pb2_grpc = ts.inference_pb2, ts.inference_pb2_grpc
-management_pb2, management_pb2_grpc = ts.management_pb2, ts.management_pb2_grpc
 
 HANDLERS = {
     "stream_handler.py": STREAM_HANDLER,
@@ -156,45 +163,24 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("repo")
-    models.save(models.add_one(), repo, "add")
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
-                          "--ts-inference-port", "0", "--ts-management-port", "0",
-                          "--model-store", str(store), "--ts-model-api", "true"])
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with ts_server(tmp_path_factory, store) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
-def inference(server: ServerProcess) -> Iterator[Any]:
-    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as channel:
-        yield inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+def both(server: ServerProcess) -> Iterator[tuple[Any, Any]]:
+    with stubs(server) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def management(server: ServerProcess) -> Iterator[Any]:
-    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-management']}") as channel:
-        yield management_pb2_grpc.ManagementAPIsServiceStub(channel)
+def inference(both: tuple[Any, Any]) -> Any:
+    return both[0]
 
 
-def predict(stub: Any, model: str, data: bytes, version: str = "", **more: bytes) -> bytes:
-    reply = stub.Predictions(inference_pb2.PredictionsRequest(model_name=model, model_version=version,
-                                                              input={"data": data, **more}), timeout=60)
-    return bytes(reply.prediction)
-
-
-def register(management: Any, url: str, **fields: Any) -> str:
-    fields.setdefault("synchronous", True)
-    fields.setdefault("initial_workers", 1)
-    return str(management.RegisterModel(management_pb2.RegisterModelRequest(url=url, **fields), timeout=60).msg)
-
-
-def code_of(call: Any) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return err.value.code(), err.value.details()
+@pytest.fixture(scope="module")
+def management(both: tuple[Any, Any]) -> Any:
+    return both[1]
 
 
 def v2_body(values: list[float]) -> bytes:

@@ -10,8 +10,9 @@ made by the real ``torch-model-archiver``; the client is TorchServe's own gRPC s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -20,16 +21,12 @@ import requests
 import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
-from . import models
 from .mar import build_mar, write_model_config
 from .servers import ServerProcess
-from .ts_stubs import ts_stubs
+from .ts_harness import code_of, describe, inference_pb2, management_pb2, predict, register, stubs, ts_server
 
 pytestmark = pytest.mark.integration
 
-ts = ts_stubs()
-inference_pb2, inference_pb2_grpc = ts.inference_pb2, ts.inference_pb2_grpc
-management_pb2, management_pb2_grpc = ts.management_pb2, ts.management_pb2_grpc
 
 #: the issue's example, verbatim: TorchServe's seed example of StreamPredictions
 INTERMEDIATE_HANDLER = '''from ts.protocol.otf_message_handler import send_intermediate_predict_response
@@ -120,56 +117,29 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=["process", "thread"])
 def server(request: pytest.FixtureRequest, store: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("repo")
-    models.save(models.add_one(), repo, "add")
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
-                          "--ts-inference-port", "0", "--ts-management-port", "0",
-                          "--model-store", str(store), "--ts-model-api", "--ts-workers", request.param])
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with ts_server(tmp_path_factory, store, "--ts-workers", request.param) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
-def inference(server: ServerProcess) -> Iterator[Any]:
-    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as channel:
-        yield inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+def both(server: ServerProcess) -> Iterator[tuple[Any, Any]]:
+    with stubs(server) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def management(server: ServerProcess) -> Iterator[Any]:
-    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-management']}") as channel:
-        yield management_pb2_grpc.ManagementAPIsServiceStub(channel)
+def inference(both: tuple[Any, Any]) -> Any:
+    return both[0]
 
 
-def predict(stub: Any, model: str, data: bytes, version: str = "") -> bytes:
-    reply = stub.Predictions(inference_pb2.PredictionsRequest(model_name=model, model_version=version,
-                                                              input={"data": data}), timeout=60)
-    return bytes(reply.prediction)
-
-
-def register(management: Any, url: str, **fields: Any) -> str:
-    fields.setdefault("synchronous", True)
-    fields.setdefault("initial_workers", 1)
-    return str(management.RegisterModel(management_pb2.RegisterModelRequest(url=url, **fields), timeout=60).msg)
+@pytest.fixture(scope="module")
+def management(both: tuple[Any, Any]) -> Any:
+    return both[1]
 
 
 def unregister(management: Any, name: str, version: str = "") -> str:
     return str(management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name=name,
                                                                                 model_version=version)).msg)
-
-
-def describe(management: Any, name: str, version: str = "") -> list[dict[str, Any]]:
-    reply = management.DescribeModel(management_pb2.DescribeModelRequest(model_name=name, model_version=version))
-    described: list[dict[str, Any]] = json.loads(reply.msg)
-    return described
-
-
-def code_of(call: Any) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return err.value.code(), err.value.details()
 
 
 def test_the_issues_streaming_example_answers_as_on_torchserve(inference: Any, management: Any) -> None:

@@ -11,23 +11,22 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import pytest
+import requests
 from google.protobuf import empty_pb2
 
-from . import models
 from .mar import build_mar, stage_add_model, write_model_config
 from .servers import ServerProcess
-from .ts_stubs import ts_stubs
+from .ts_harness import code_of as fails
+from .ts_harness import describe as describe_all
+from .ts_harness import management_pb2, predict, register, stubs, ts_server
 
 pytestmark = pytest.mark.integration
-
-ts = ts_stubs()
-inference_pb2, inference_pb2_grpc = ts.inference_pb2, ts.inference_pb2_grpc
-management_pb2, management_pb2_grpc = ts.management_pb2, ts.management_pb2_grpc
 
 HANDLERS = {
     "exit_at_import.py": '''
@@ -98,49 +97,30 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("repo")
-    models.save(models.add_one(), repo, "add")
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0",
-                          "--ts-inference-port", "0", "--ts-management-port", "0",
-                          "--model-store", str(store), "--ts-model-api", "true",
-                          "--ts-max-workers", "3", "--ts-worker-memory-mib", "384"])
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with ts_server(tmp_path_factory, store, "--ts-max-workers", "3", "--ts-worker-memory-mib", "384") as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
-def inference(server: ServerProcess) -> Iterator[Any]:
-    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as channel:
-        yield inference_pb2_grpc.InferenceAPIsServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def management(server: ServerProcess, inference: Any) -> Iterator[Any]:
-    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-management']}") as channel:
-        stub = management_pb2_grpc.ManagementAPIsServiceStub(channel)
+def both(server: ServerProcess) -> Iterator[tuple[Any, Any]]:
+    with stubs(server) as (inference, management):
         for name in ("fragile", "steady"):
-            stub.RegisterModel(management_pb2.RegisterModelRequest(url=f"{name}.mar", synchronous=True,
-                                                                   initial_workers=1), timeout=60)
-        yield stub
+            register(management, f"{name}.mar")
+        yield inference, management
 
 
-def predict(stub: Any, model: str, data: bytes) -> bytes:
-    reply = stub.Predictions(inference_pb2.PredictionsRequest(model_name=model, input={"data": data}), timeout=60)
-    return bytes(reply.prediction)
+@pytest.fixture(scope="module")
+def inference(both: tuple[Any, Any]) -> Any:
+    return both[0]
 
 
-def fails(call: Any) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return err.value.code(), err.value.details()
+@pytest.fixture(scope="module")
+def management(both: tuple[Any, Any]) -> Any:
+    return both[1]
 
 
 def describe(management: Any, name: str) -> dict[str, Any]:
-    reply = management.DescribeModel(management_pb2.DescribeModelRequest(model_name=name), timeout=10)
-    doc: dict[str, Any] = json.loads(reply.msg)[0]
-    return doc
+    return describe_all(management, name)[0]
 
 
 def served_by(inference: Any, model: str = "fragile", deadline: float = 30.0) -> int:
@@ -192,8 +172,7 @@ def test_handler_workers_are_processes_of_their_own(server: ServerProcess, infer
 
 def test_a_handler_that_exits_at_import_fails_its_registration_alone(server: ServerProcess, inference: Any,
                                                                      management: Any) -> None:
-    code, details = fails(lambda: management.RegisterModel(management_pb2.RegisterModelRequest(
-        url="exits.mar", synchronous=True, initial_workers=1), timeout=60))
+    code, details = fails(lambda: register(management, "exits.mar"))
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     assert "exited with code 3 while starting" in details, details
     everything_else_serves(server, inference)
@@ -203,8 +182,7 @@ def test_a_handler_that_exits_at_import_fails_its_registration_alone(server: Ser
 
 def test_a_handler_that_fails_to_initialize_is_refused_by_its_reason(server: ServerProcess, inference: Any,
                                                                    management: Any) -> None:
-    code, details = fails(lambda: management.RegisterModel(management_pb2.RegisterModelRequest(
-        url="broken.mar", synchronous=True, initial_workers=1), timeout=60))
+    code, details = fails(lambda: register(management, "broken.mar"))
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     assert "RuntimeError: cannot start: no licence file" in details, details
     everything_else_serves(server, inference)
@@ -286,8 +264,7 @@ def test_workers_are_bounded_by_the_flag(inference: Any, management: Any) -> Non
 
 
 def test_unregistering_ends_the_worker_processes(server: ServerProcess, management: Any, inference: Any) -> None:
-    management.RegisterModel(management_pb2.RegisterModelRequest(url="steady.mar", model_name="temp",
-                                                                 synchronous=True, initial_workers=1), timeout=60)
+    register(management, "steady.mar", model_name="temp")
     management.ScaleWorker(management_pb2.ScaleWorkerRequest(model_name="temp", min_worker=2, max_worker=2,
                                                              synchronous=True), timeout=60)
     pids = [w["pid"] for w in describe(management, "temp")["workers"]]
@@ -297,22 +274,13 @@ def test_unregistering_ends_the_worker_processes(server: ServerProcess, manageme
     assert os.path.exists(f"/proc/{server.pid}")
 
 
-def test_a_registered_model_loads_with_the_servers_model_flags(store: Path, tmp_path: Path) -> None:
+def test_a_registered_model_loads_with_the_servers_model_flags(store: Path,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     """--nireq (like --plugin-config, --target-device and dynamic batching) is every model's default: a
     registered model's too, where it used to load untuned whatever the flags said."""
-    proc = ServerProcess(["--model-repository", str(tmp_path), "--poll-interval", "0", "--nireq", "3",
-                          "--metrics-enable", "--metrics-list", "ovms_infer_req_queue_size",
-                          "--ts-management-port", "0", "--model-store", str(store),
-                          "--ts-model-api"])
-    try:
-        proc.wait_ready()
-        with grpc.insecure_channel(f"127.0.0.1:{proc.ports['ts-management']}") as channel:
-            stub = management_pb2_grpc.ManagementAPIsServiceStub(channel)
-            stub.RegisterModel(management_pb2.RegisterModelRequest(url="steady.mar", synchronous=True,
-                                                                   initial_workers=1), timeout=60)
-        import requests
+    flags = ["--nireq", "3", "--metrics-enable", "--metrics-list", "ovms_infer_req_queue_size"]
+    with ts_server(tmp_path_factory, store, *flags) as proc, stubs(proc) as (_, management):
+        register(management, "steady.mar")
         text = requests.get(f"{proc.url}/metrics", timeout=10).text
-        line = next(x for x in text.splitlines() if x.startswith("ovms_infer_req_queue_size{") and "steady" in x)
-        assert line.endswith(" 3"), line
-    finally:
-        proc.stop()
+    line = next(x for x in text.splitlines() if x.startswith("ovms_infer_req_queue_size{") and "steady" in x)
+    assert line.endswith(" 3"), line
