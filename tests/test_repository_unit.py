@@ -802,3 +802,37 @@ def test_bad_mode_combinations(args: list[str], words: str) -> None:
 def test_shape_flag_accepts_a_json_object() -> None:
     ns = cli.build_parser().parse_args(["serve", "--shape", '{"x": "(-1,16)"}'])
     assert cli.settings_from_args(ns).shape == {"x": "(-1,16)"}
+
+
+# -- layouts that are not OVMS's say which they are (issue 37, item 7) -----------------------------------
+
+
+def test_a_model_whose_files_sit_at_its_top_is_told_where_they_go(tmp_path: Path, caplog) -> None:
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "model.xml").write_text("<net/>")
+
+    async def main() -> None:
+        manager = ModelManager(RepositorySource(tmp_path, F32), poll_interval=0)
+        try:
+            await manager.start()
+        finally:
+            await manager.stop()
+
+    caplog.set_level(logging.INFO, "ovserve")
+    asyncio.run(main())
+    assert f"no version folders in {tmp_path / 'flat'}: model.xml is at its top" in caplog.text
+    assert f"move the files into {tmp_path / 'flat' / '1'}" in caplog.text
+
+
+def test_a_repository_that_is_one_models_folder_says_so_and_names_the_flags(tmp_path: Path, caplog) -> None:
+    for version in ("1", "2"):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "model.onnx").write_bytes(b"onnx")
+    caplog.set_level(logging.INFO, "ovserve")
+    source = RepositorySource(tmp_path, F32)
+    assert [c.name for c in source.desired()] == ["1", "2"]  # as OVMS reads it ...
+    source.desired()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # ... said once, not at every poll
+    assert "looks like one model's folder" in warnings[0] and f"--model-path {tmp_path}" in warnings[0]
+    assert "--model-name NAME" in warnings[0] and "serves a model named '1'" in warnings[0]

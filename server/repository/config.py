@@ -19,6 +19,7 @@ from typing import Any, TypeGuard
 from ..errors import InvalidInput
 from ..runtime.openvino import LoadOptions
 from .document import decode_config, load_document, read_config_file
+from .layout import looks_like_one_model
 from .policy import VersionPolicy
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ class RepositorySource:
     def __init__(self, root: Path, defaults: LoadOptions | None = None) -> None:
         self.root = root.resolve()
         self.defaults = defaults or LoadOptions()
+        self._hinted = ""
 
     def describe(self) -> str:
         return f"model repository {self.root}"
@@ -233,6 +235,10 @@ class RepositorySource:
                 continue
             if is_model:
                 out.append(ModelConfig(entry.name, entry, options=self.defaults, raw=entry.name))
+        hint = looks_like_one_model(self.root, [c.base_path for c in out])
+        if hint and hint != self._hinted:  # once, not at every poll
+            log.warning("%s", hint)
+        self._hinted = hint
         return out
 
 

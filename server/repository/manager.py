@@ -28,6 +28,7 @@ from ..runtime.memory import release_free_memory
 from ..runtime.openvino import OpenVINOModel, find_model_file
 from ..types import PortInfo
 from .config import ModelConfig
+from .layout import layout_hint
 from .states import INDEX_STATE, State, Status
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class ModelManager:
         if wanted:
             return on_disk, wanted, ""
         if not on_disk:
-            return on_disk, wanted, f"no version folders in {cfg.base_path}"
+            return on_disk, wanted, f"no version folders in {cfg.base_path}{layout_hint(cfg.base_path)}"
         return on_disk, wanted, f"no version matches the policy {cfg.policy}"
 
     async def _sync_versions(self, served: ServedModel, keep_serving: ServedModel | None = None) -> None:
