@@ -50,9 +50,14 @@ def _regexes(text: str) -> tuple[str, ...]:
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    value = json.loads(text)
+    """A JSON object; anything else is a one-line usage error saying what is wrong with it."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({exc}); expected an object, e.g. "
+                                         "'{\"PERFORMANCE_HINT\": \"THROUGHPUT\"}'") from None
     if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
+        raise argparse.ArgumentTypeError(f"{text!r} is JSON but not an object ({type(value).__name__})")
     return value
 
 

@@ -43,13 +43,27 @@ def env_default(dest: str, cast: Callable[[str], Any], fallback: Any) -> Any:
         raise SystemExit(f"ovserve: {ENV_PREFIX + dest.upper()}={raw!r} is not valid") from None
 
 
+def shown(default: Any) -> str:
+    """A default as the help says it: never a Python repr (None, (), '')."""
+    if default is None or default == () or default == "" or default == {} or default == []:
+        return "none"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if isinstance(default, (tuple, list)):
+        return ",".join(map(str, default))
+    if isinstance(default, dict):
+        import json
+        return json.dumps(default)
+    return str(default)
+
+
 def add(p: Any, flag: str, cast: Callable[[str], Any], default: Any, help: str,
         aliases: Sequence[str] = (), **kw: Any) -> None:
-    """``flag`` (and ``aliases``), falling back to ``OVSERVE_<DEST>``, then to ``default``."""
+    """``flag`` (and ``aliases``, shown after it), falling back to ``OVSERVE_<DEST>``, then to ``default``."""
     dest = flag.lstrip("-").replace("-", "_")
     env = ENV_PREFIX + dest.upper()
-    p.add_argument(*aliases, flag, dest=dest, type=cast, default=env_default(dest, cast, default),
-                   help=f"{help} [env {env}; default {default}]", **kw)
+    p.add_argument(flag, *aliases, dest=dest, type=cast, default=env_default(dest, cast, default),
+                   help=f"{help} [env {env}; default {shown(default)}]", **kw)
 
 
 def port_number(text: str) -> int:

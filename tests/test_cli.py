@@ -100,3 +100,25 @@ def test_a_model_store_from_the_environment_is_checked_as_the_flag(tmp_path: Pat
                           env={**os.environ, "OVSERVE_MODEL_STORE": str(tmp_path / "gone")})
     assert done.returncode == 2 and f"--model-store {str(tmp_path / 'gone')!r}: no such folder" in done.stderr, \
         done.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "transformer", "explainer"])
+def test_help_shows_defaults_as_words_and_the_dashed_spelling_first(command: str) -> None:
+    """Issue 37, item 9: no Python reprs (default None, (), an empty string) and the README's dashes first."""
+    out = ovserve(command, "--help")
+    assert out.returncode == 0, out.stderr
+    for repr_ in ("default None]", "default ()]", "default ]", "default {}]"):
+        assert repr_ not in out.stdout, repr_
+    assert "--metrics_enable [BOOL], --metrics-enable" not in out.stdout
+    if command == "serve":
+        assert "--metrics-enable [BOOL], --metrics_enable [BOOL]" in out.stdout
+
+
+def test_a_plugin_config_that_is_not_a_json_object_says_why() -> None:
+    out = ovserve("serve", "--plugin-config", "{bad")
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert "argument --plugin-config: '{bad' is not JSON" in last and "expected an object" in last, last
+    assert "_json_object" not in out.stderr
+    out = ovserve("serve", "--plugin-config", "[1, 2]")
+    assert "is JSON but not an object (list)" in out.stderr
