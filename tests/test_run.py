@@ -182,6 +182,29 @@ def test_grpc_v1_serves_torchserve_ping_on_the_announced_port(demo: Path, files:
     assert_all_gone(children, list(addresses.values()), workdir)
 
 
+def test_the_torchserve_and_grpc_ports_can_be_fixed(demo: Path, files: Path) -> None:
+    """Issue 37, item 11: TorchServe's own client scripts connect to 7070; --ts-inference-port (and
+    --grpc-port) fix the predictor's ports where the client expects them."""
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from .ts_stubs import ts_stubs
+
+    ts_port, grpc_port = free_ports(2)
+    run = OvserveRun(example("torchserve.yaml", files, f"file://{demo / 'add_one'}"),
+                     "--ts-inference-port", str(ts_port), "--grpc-port", str(grpc_port))
+    try:
+        run.wait_ready()
+        addresses = run.addresses["predictor"]
+        assert addresses["torchserve-grpc"] == ts_port and addresses["grpc"] == grpc_port, run.output
+        with grpc.insecure_channel(f"127.0.0.1:{ts_port}") as channel:
+            reply = ts_stubs().inference_pb2_grpc.InferenceAPIsServiceStub(channel).Ping(empty_pb2.Empty(), timeout=10)
+        assert json.loads(reply.health) == {"status": "Healthy"}
+    finally:
+        code, _ = run.stop(signal.SIGINT)
+    assert code == 0, run.output
+
+
 # -- stopping ------------------------------------------------------------------------
 
 def test_http_port_is_honored_and_ctrl_c_stops_everything(demo: Path, files: Path) -> None:

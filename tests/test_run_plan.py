@@ -82,6 +82,9 @@ def test_grpc_v1_adds_the_torchserve_listener_on_a_free_port(tmp_path: Path) -> 
     assert main.listeners == {"rest": 8080, "grpc": 8081, "ts-inference": 7070}
     assert local_args(main, "127.0.0.1", 8000, 0, None) == [
         "--host", "127.0.0.1", "--rest-port", "8000", "--grpc-port", "0", "--ts-inference-port", "0"]
+    # ovserve run --ts-inference-port 7070 --grpc-port 9000: where TorchServe's client scripts connect
+    assert local_args(main, "127.0.0.1", 8000, 9000, None, {"ts-inference": 7070}) == [
+        "--host", "127.0.0.1", "--rest-port", "8000", "--grpc-port", "9000", "--ts-inference-port", "7070"]
     assert main.readiness.path == "/v2/health/ready" and main.readiness.port == 8080
 
 

@@ -34,14 +34,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--http-port", "--http_port", dest="http_port", type=int, default=0, metavar="N",
                    help="REST port of the entry component (the transformer if there is one, else the "
                    "predictor); default: a free port")
+    p.add_argument("--grpc-port", "--grpc_port", dest="grpc_port", type=int, default=0, metavar="N",
+                   help="the predictor's KServe V2 gRPC port; default: a free port")
+    p.add_argument("--ts-inference-port", dest="ts_inference_port", type=int, default=0, metavar="N",
+                   help="the predictor's TorchServe gRPC inference port, for a grpc-v1 InferenceService (e.g. "
+                   "7070, where TorchServe's own client scripts connect); default: a free port")
 
 
 def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
     """Plan, start, watch, stop: 0 after Ctrl-C or SIGTERM, 1 when a process failed, 2 for a bad file."""
     out, err = out or sys.stdout, err or sys.stderr
-    if not 0 <= ns.http_port <= 65535:
-        print(f"ovserve run: error: --http-port {ns.http_port} is not a port", file=err)
-        return EXIT_USAGE
+    for flag, value in (("--http-port", ns.http_port), ("--grpc-port", ns.grpc_port),
+                        ("--ts-inference-port", ns.ts_inference_port)):
+        if not 0 <= value <= 65535:
+            print(f"ovserve run: error: {flag} {value} is not a port", file=err)
+            return EXIT_USAGE
     workdir = Path(tempfile.mkdtemp(prefix="ovserve-run-"))
     supervisor: Supervisor | None = None
     previous: dict[signal.Signals, Any] = {}
@@ -54,7 +61,8 @@ def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None
         say(err, f"ovserve run: error: {exc}")
         return EXIT_USAGE
     try:
-        supervisor = Supervisor(isvc, components, ns.http_port, out, err)
+        supervisor = Supervisor(isvc, components, ns.http_port, out, err,
+                                {"grpc": ns.grpc_port, "ts-inference": ns.ts_inference_port})
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, supervisor.on_signal)
         supervisor.start()

@@ -373,12 +373,14 @@ def _listeners(subcommand: str, ports: dict[str, int], found: dict[str, str]) ->
 
 
 def local_args(proc: Proc, host: str, rest: int, grpc: int | None,
-               predictor: tuple[int, int | None] | None) -> list[str]:
-    """The flags ``ovserve run`` sets: where the process listens, and where its predictor is."""
+               predictor: tuple[int, int | None] | None, fixed: dict[str, int] | None = None) -> list[str]:
+    """The flags ``ovserve run`` sets: where the process listens, and where its predictor is. A server's
+    listeners get free ports but for ``rest``/``grpc`` given and those ``fixed`` names (``ts-inference``)."""
     if proc.subcommand == "serve":  # every listener it has (its pod's flags were taken out): free ports
         out = ["--host", host]
         for name in proc.listeners:
             port = rest if name == "rest" else (grpc or 0) if name == "grpc" else 0
+            port = (fixed or {}).get(name) or port
             out += [names.LISTENERS[name].flag, str(port)]
         return out
     if proc.subcommand not in ("transformer", "explainer"):

@@ -109,8 +109,10 @@ class Supervisor:
     """The processes of one ``ovserve run``: started in pod order, watched, stopped in reverse."""
 
     def __init__(self, isvc: dict[str, Any], components: list[Component], http_port: int, out: IO[str],
-                 err: IO[str]) -> None:
+                 err: IO[str], predictor_ports: dict[str, int] | None = None) -> None:
         self.isvc, self.components, self.http_port = isvc, components, http_port
+        #: the predictor's listeners the command line fixed (``grpc``, ``ts-inference``); the others: free ports
+        self.predictor_ports = {k: v for k, v in (predictor_ports or {}).items() if v}
         self.out, self.err = out, err
         self.entry = entry_component(isvc)
         self.running: list[Running] = []
@@ -147,6 +149,9 @@ class Supervisor:
         hint = ""
         if self.http_port and r.spec.component == self.entry and "Address already in use" in tail:
             hint = f" (--http-port {self.http_port} is taken: choose another, or leave it out for a free one)"
+        elif self.predictor_ports and r.spec.component == "predictor" and "Address already in use" in tail:
+            taken = ", ".join(f"--{k}-port {v}" for k, v in self.predictor_ports.items())
+            hint = f" ({taken}: one is taken; choose another, or leave it out for a free one)"
         return RunError(f"{r.spec.label}: {what} (exit code {r.popen.returncode}){hint}; its last lines:\n{tail}")
 
     def _init(self, proc: Proc) -> None:
@@ -206,7 +211,8 @@ class Supervisor:
         proc = component.main
         rest = self.http_port if component.name == self.entry else 0
         wiring = (predictor.ports.rest, predictor.ports.grpc or None) if predictor is not None else None
-        r = self._start(proc, proc.argv + local_args(proc, HOST, rest, 0, wiring))
+        fixed = self.predictor_ports if component.name == "predictor" else {}
+        r = self._start(proc, proc.argv + local_args(proc, HOST, rest, fixed.get("grpc", 0), wiring, fixed))
         started = time.monotonic()
         budget = max((p.budget for p in (proc.startup, proc.readiness) if p), default=PORT_BUDGET)
         self._wait_ports(r, started + budget)
