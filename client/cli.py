@@ -105,7 +105,7 @@ DESCRIPTION = ("Send one inference to a KServe V2 server (ovserve, OVMS, Triton,
                "\"datatype\", \"shape\", \"data\"}]}. Exit status 1 when the call failed (the server's message on "
                "standard error), 2 for a usage error.")
 EPILOG = """examples:
-  %(prog)s grpc://localhost:8081 mobilenet_v2 --input image=@cat.jpg
+  %(prog)s grpc://localhost:8081 mobilenet_v2 --input image=@cat.jpg -o top_labels -o top_scores
   %(prog)s http://localhost:8080 add_one --input 'x=[[1,2,3,4]]' --pretty
   %(prog)s https://models.example.com/serving linear -i 'x=[1,2,3]' --shape x=1,3 -H 'authorization: Bearer T'
 """
