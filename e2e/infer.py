@@ -1,7 +1,7 @@
-"""V2 inferences on the demo "linear" model, over REST and gRPC, with tritonclient.
+"""Inferences on the demo "linear" model: V2 over REST (tritonclient's binary tensors) and gRPC, and V1.
 
 Usage: python e2e/infer.py --model NAME --rest HOST:PORT --grpc HOST:PORT
-Exit 0 when both answers are y = x @ [[1,0],[0,1],[1,1]] + [0.5,-0.5]; 1 otherwise.
+Exit 0 when every answer is y = x @ [[1,0],[0,1],[1,1]] + [0.5,-0.5]; 1 otherwise.
 Used by e2e/kind.sh (through kubectl port-forward) and by e2e/test_kind.py (locally).
 """
 from __future__ import annotations
@@ -52,6 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         ok = y is not None and np.allclose(y, expected, atol=1e-5)
         print(f"{name} {url}: y = {None if y is None else y.tolist()} ({'ok' if ok else f'expected {expected.tolist()}'})")
         failed |= not ok
+    # KServe V1 (:predict with instances) on the same REST address
+    import json
+    import urllib.request
+    body = json.dumps({"instances": x.tolist()}).encode()
+    req = urllib.request.Request(f"http://{args.rest}/v1/models/{args.model}:predict", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+        y = np.asarray(json.load(resp)["predictions"], dtype=np.float32)
+    ok = np.allclose(y, expected, atol=1e-5)
+    print(f"V1 {args.rest}: predictions = {y.tolist()} ({'ok' if ok else f'expected {expected.tolist()}'})")
+    failed |= not ok
     return 1 if failed else 0
 
 

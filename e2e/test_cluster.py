@@ -262,7 +262,9 @@ def test_an_inference_service_is_ready_and_answers_through_its_services(linear: 
     assert probe["httpGet"]["path"] == "/v2/health/ready"
     rest, grpc = _endpoints(linear)
     out = linear.python(str(HERE / "infer.py"), "--model", "linear", "--rest", rest, "--grpc", grpc, timeout=120)
-    assert "REST" in out.stdout and "gRPC" in out.stdout and "expected" not in out.stdout, out.stdout
+    for line in ("REST", "gRPC", "V1"):  # V2 binary tensors over REST, V2 gRPC, V1 :predict
+        assert f"\n{line} " in f"\n{out.stdout}", out.stdout
+    assert "expected" not in out.stdout, out.stdout
 
 
 class Load:

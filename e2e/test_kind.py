@@ -147,7 +147,7 @@ def test_model_path_rehearsed_locally(tmp_path: Path) -> None:
                                  "--rest", f"127.0.0.1:{server.rest_port}", "--grpc", f"127.0.0.1:{server.grpc_port}"],
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert result.stdout.count("[[4.5, 4.5], [10.5, 10.5]] (ok)") == 2, result.stdout
+        assert result.stdout.count("[[4.5, 4.5], [10.5, 10.5]] (ok)") == 3, result.stdout  # REST, gRPC, V1
     finally:
         if server:
             server.stop()
