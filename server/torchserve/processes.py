@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
+from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError, Unavailable
 from ..types import PortInfo
 from . import wire
 from .model import HandlerModel
@@ -97,6 +97,9 @@ class ProcessRunner:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", f"{__package__}.worker_main", str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL)
+        except OSError as exc:  # no process to be had (EAGAIN, ENOMEM): the server's trouble, said as such
+            ours.close()
+            raise Unavailable(f"{where}: cannot start a worker process: {exc.strerror or exc}") from None
         except BaseException:
             ours.close()
             raise

@@ -202,8 +202,8 @@ class Workers:
                 return
             try:
                 worker = await self._new_worker()
-            except ServerError as exc:
-                self.last_exit = exc.message
+            except Exception as exc:  # a handler that cannot start, or no process to be had (EAGAIN, ENOMEM)
+                self.last_exit = exc.message if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
         finally:
             self._spawning -= 1
         if worker is None:
