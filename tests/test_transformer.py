@@ -230,6 +230,10 @@ def test_v1_predict_with_curl(transformer: TransformerProcess) -> None:
 def test_metadata_is_the_predictors(transformer: TransformerProcess, predictor: ServerProcess) -> None:
     mine = requests.get(transformer.url + "/v2/models/matmul", timeout=10).json()
     theirs = requests.get(predictor.url + "/v2/models/matmul", timeout=10).json()
+    # how the predictor compiled its model (precision, hint, streams: issue 36) is the predictor's to say;
+    # V2 gRPC's metadata cannot carry it, so a transformer answers the model's own fields on every protocol
+    compiled = theirs.pop("parameters")
+    assert compiled["inference_precision"] == "f32" and compiled["precision_chosen_by"] == "plugin_config"
     assert mine == theirs
     assert requests.get(transformer.url + "/v2/models/matmul/ready", timeout=10).json()["ready"] is True
     status = requests.get(transformer.url + "/v1/models/matmul", timeout=10)
