@@ -354,6 +354,38 @@ def test_a_predictor_pod_deleted_under_steady_traffic_loses_no_request(linear: C
     assert summary["rest"]["failed"] == 0 and summary["grpc"]["failed"] == 0, summary
 
 
+def test_the_cpu_limit_reaches_the_cgroup_and_the_server_sizes_itself_to_it(linear: Cluster) -> None:
+    """resources.limits.cpu: 1 on a node of several CPUs: the kubelet writes the quota into the container's
+    cgroup (v1 here), and the server gives OpenVINO one thread, not one per CPU it sees."""
+    c = linear
+    store_ip, _ = c.service("model-store")
+    # a hint of the user's own, so the threads are left to the quota (untuned, the demo's tiny model gets one
+    # thread for its size whatever the quota says)
+    isvc = _isvc(store_ip, ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "THROUGHPUT"}'])
+    isvc["spec"]["predictor"]["model"]["resources"] = {"requests": {"cpu": "500m", "memory": "256Mi"},
+                                                       "limits": {"cpu": "1", "memory": "1Gi"}}
+    c.apply([isvc])
+    c.kubectl("-n", NS, "rollout", "status", "deployment/linear-predictor", "--timeout=300s", timeout=320)
+    c.wait_ready("inferenceservice", "linear", 300)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the old pods gone: one pod, the new one
+        pods = [p for p in _pods(c) if not p["metadata"].get("deletionTimestamp")]
+        if len(pods) == 1 and len(_pods(c)) == 1:
+            break
+        time.sleep(1)
+    (pod,) = _pods(c)
+    name = pod["metadata"]["name"]
+    quota = c.kubectl("-n", NS, "exec", name, "-c", pod["spec"]["containers"][0]["name"], "--", "python", "-c",
+                      "print(open('/sys/fs/cgroup/cpu/cpu.cfs_quota_us').read().strip(), "
+                      "open('/sys/fs/cgroup/cpu/cpu.cfs_period_us').read().strip())").stdout.split()
+    assert quota == ["100000", "100000"], quota
+    logs = c.kubectl("-n", NS, "logs", name, "-c", pod["spec"]["containers"][0]["name"]).stdout
+    seen = os.cpu_count() or 1
+    if seen > 1:  # the node's CPUs are this machine's
+        assert (f"the cgroup CPU quota allows 1 of the {seen} CPUs in sight: INFERENCE_NUM_THREADS 1"
+                in logs), logs[-3000:]
+
+
 def test_deleting_the_inference_service_leaves_nothing(linear: Cluster) -> None:
     c = linear
     c.kubectl("-n", NS, "delete", "inferenceservice", "linear", "--wait", "--timeout=120s", timeout=150)
