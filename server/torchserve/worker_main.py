@@ -16,6 +16,7 @@ server sets one, is the process's ``RLIMIT_DATA``.
 from __future__ import annotations
 
 import ctypes
+import inspect
 import itertools
 import logging
 import os
@@ -208,7 +209,7 @@ def _run(conn: Connection, spec_where: str, handle: Any, context: Context, heade
     try:
         context.begin(items, send)
         result = handle(bodies, context)
-        if hasattr(result, "__next__") and hasattr(result, "send"):  # a handler that streams by yielding
+        if inspect.isgenerator(result):  # a handler that streams by yielding (as the thread runner tells it)
             result = drain(result, ids, send, spec_where)
         values = checked(result, len(items), spec_where)
         out_parts: wire.OutParts = []

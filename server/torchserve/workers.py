@@ -25,6 +25,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -96,14 +97,14 @@ class Workers:
         self.restarts = 0
         self.last_exit = ""
         #: told how long each handle() call took, in seconds (the version's metrics, when on)
-        self.timed: Any = None
+        self.timed: Callable[[float], None] | None = None
         #: requests that may wait for a worker (TorchServe's job queue); past it a request is refused at once,
         #: Overloaded (429 / RESOURCE_EXHAUSTED). 0: no bound. Set by the registry from max_queued_requests.
         self.max_queued = 0
         #: one handle() call's running duration (s), set by whoever times them: the refusal's retry hint
         self.cost: float | None = None
         #: told of each refused request (ovserve_requests_shed_total, when metrics are on)
-        self.shed: Any = None
+        self.shed: Callable[[], None] | None = None
 
     # -- scaling -------------------------------------------------------------
     def check(self, min_workers: int, max_workers: int) -> None:
