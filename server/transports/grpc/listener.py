@@ -280,8 +280,15 @@ class GrpcListener:
             # retry on their own, transparently) and lets the calls in flight finish within the grace. Refusing
             # calls UNAVAILABLE first, on connections nobody had told to move, failed every call a client sent
             # on its long-lived channel in that second (a rolling update in a cluster: issue 35).
+            # The stop returns once the last call has ended; the process may exit right after it, closing
+            # sockets whose last replies are still on their way (a client that is slow to read then sees
+            # its connection reset, and loses an answer it was owed: seen once in CI, a 2 MB reply). So
+            # the listener stays a moment longer when a call ended within the last FLUSH_PAUSE.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
             await self.health.enter_graceful_shutdown()
             await self.server.stop(grace)
+            await asyncio.sleep(max(0.0, min(self.in_flight.last_done + FLUSH_PAUSE, deadline) - loop.time()))
             return
         self.in_flight.closing = True  # from now on, before anything else awaits
         await self.health.enter_graceful_shutdown()
