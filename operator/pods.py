@@ -11,7 +11,8 @@ from .config import Config
 from .storage_uri import plan
 
 POD_FIELDS = ("serviceAccountName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
-              "securityContext", "priorityClassName", "terminationGracePeriodSeconds")
+              "securityContext", "priorityClassName", "terminationGracePeriodSeconds", "hostAliases", "dnsPolicy",
+              "dnsConfig")
 #: Seconds an ovserve container in the operator's pods serves on as usual after SIGTERM (``OVSERVE_DRAIN_DELAY``,
 #: the server's --drain-delay), while kube-proxy on every node and any ingress stop routing to the terminating
 #: pod: without it a rolling update refused REST connections for ~1.1 s (issue 35). Other images ignore it.

@@ -86,6 +86,10 @@ def component(extra: dict, desc: str) -> dict:
         "serviceAccountName": STR, "nodeSelector": STR_MAP, "tolerations": arr(TOLERATION),
         "affinity": ANY_OBJ, "imagePullSecrets": arr(obj({"name": STR})), "securityContext": ANY_OBJ,
         "priorityClassName": STR, "volumes": arr(ANY_OBJ),
+        "terminationGracePeriodSeconds": {"type": "integer", "format": "int64", "minimum": 0},
+        "hostAliases": arr(obj({"ip": STR, "hostnames": arr(STR)}, required=["ip"])),
+        "dnsPolicy": {"type": "string", "enum": ["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]},
+        "dnsConfig": ANY_OBJ,
         "labels": STR_MAP, "annotations": STR_MAP,
         **extra,
     }

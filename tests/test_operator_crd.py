@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ovserve.operator.names import PROTOCOL_VERSIONS
+from ovserve.operator.pods import POD_FIELDS
 
 from .crd import CRD, ROOT, VALIDATOR, crd, schema
 
@@ -113,6 +114,9 @@ def test_every_documented_field_is_in_the_schema() -> None:
               "nodeSelector", "tolerations", "timeout", "labels", "annotations"}
     for component in ("predictor", "transformer", "explainer"):
         assert common <= spec[component]["properties"].keys(), component
+        # every pod field the operator passes through is in the schema: the API server prunes any other, so a
+        # field missing here would reach the operator never (terminationGracePeriodSeconds did, until issue 35)
+        assert set(POD_FIELDS) <= spec[component]["properties"].keys(), (component, set(POD_FIELDS) - spec[component]["properties"].keys())
     # the values KServe knows, as the operator's validation takes them (grpc-v1: TorchServe's gRPC API)
     assert spec["predictor"]["properties"]["model"]["properties"]["protocolVersion"]["enum"] == \
         list(PROTOCOL_VERSIONS) == ["v1", "v2", "grpc-v1", "grpc-v2"]
