@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -93,3 +94,15 @@ def test_runs_go_to_bench_results_and_a_smoke_run_nowhere_unless_asked(tmp_path:
     for gone in ("--docs", "--no-docs"):  # the bench no longer writes into docs/
         with pytest.raises(SystemExit):
             parse_args([gone] + (["docs/performance.md"] if gone == "--docs" else []))
+
+
+def test_the_performance_document_stays_a_document() -> None:
+    """docs/performance.md holds how numbers are made, the decisions, one current table and what is not met
+    (issue 39, item 6): under 700 lines, and no dated run under a heading of its own (runs live in
+    bench/results/, which it links to)."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "performance.md").read_text()
+    lines = doc.splitlines()
+    assert len(lines) < 700, f"{len(lines)} lines: move dated runs to bench/results/ and link them"
+    dated = [line for line in lines if line.startswith("#") and re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+    assert not dated, dated
+    assert "bench/results/" in doc
