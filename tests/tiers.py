@@ -41,8 +41,8 @@ MODULE_TIERS: dict[str, str] = {
     "test_cluster": "e2e",
 }
 
-#: fixtures (tests/conftest.py) that start a server process
-SERVER_FIXTURES = frozenset({"server", "echo_server", "start_server"})
+#: fixtures (tests/conftest.py) that start a server (a process; s3: moto's S3 server on a thread)
+SERVER_FIXTURES = frozenset({"server", "echo_server", "start_server", "s3"})
 
 
 def tier_of(item: pytest.Item) -> list[str]:
