@@ -121,26 +121,20 @@ def _relative(key: str, start: int) -> str | None:
 
 
 def listing(s3: Any, bucket: str, prefix: str, limits: Limits) -> list[S3Object]:
-    """What ``s3://bucket/prefix`` names: the object ``prefix`` alone, or every object under ``prefix/``;
+    """What ``s3://bucket/prefix`` names: every object under ``prefix/``, else the object ``prefix`` alone;
     checked against ``limits`` as it is listed (a bucket's root given by mistake stops at the limit)."""
     folder = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
-    exact: S3Object | None = None
     found: list[S3Object] = []
     total = 0
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/")):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
         for item in page.get("Contents") or []:
-            key, size, etag = item["Key"], int(item["Size"]), str(item.get("ETag", ""))
-            if key == prefix and not prefix.endswith("/"):
-                exact = S3Object(key, size, etag, "")
-                continue
-            if not key.startswith(folder):
-                continue  # prefix "models/m" lists "models/m2/...": another folder
+            key, size = item["Key"], int(item["Size"])
             rel = _relative(key, len(folder))
             if rel is None:
                 if size:
                     raise S3Error(f"key {key!r} is a folder marker with {size} bytes in it")
                 continue
-            found.append(S3Object(key, size, etag, rel))
+            found.append(S3Object(key, size, str(item.get("ETag", "")), rel))
             total += size
             try:
                 limits.count(len(found))
@@ -148,9 +142,14 @@ def listing(s3: Any, bucket: str, prefix: str, limits: Limits) -> list[S3Object]
                 raise S3Error(f"{exc} under the prefix") from None
             if limits.max_bytes and total > limits.max_bytes:
                 raise S3Error(f"more than --max-unpacked-bytes {limits.max_bytes} bytes under the prefix")
+    # the object named by the prefix itself: a key sorts before every longer one it begins, so it comes first
+    first = ([] if prefix.endswith("/") or not prefix else
+             s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("Contents") or [])
+    exact = next((S3Object(o["Key"], int(o["Size"]), str(o.get("ETag", "")), "") for o in first
+                  if o["Key"] == prefix), None)
     if found and exact is not None:
         raise S3Error(f"{prefix!r} is both an object and a folder of {len(found)} objects; name one "
-                     f"(s3://{bucket}/{prefix}/ for the folder)")
+                      f"(s3://{bucket}/{prefix}/ for the folder)")
     if exact is not None:
         if limits.max_bytes and exact.size > limits.max_bytes:
             raise S3Error(f"{exact.size} bytes, over --max-unpacked-bytes {limits.max_bytes}")
