@@ -23,7 +23,8 @@ from . import names as n
 from .manifests import stale
 
 FIELD_MANAGER = n.MANAGER
-PLURALS = {"Deployment": "deployments", "Service": "services", "Pod": "pods",
+PLURALS = {"Deployment": "deployments", "Service": "services", "Pod": "pods", "ServiceAccount": "serviceaccounts",
+           "Secret": "secrets",
            "HorizontalPodAutoscaler": "horizontalpodautoscalers", n.KIND: n.PLURAL}
 RETRIES = 3
 TIMEOUT = 30
@@ -162,6 +163,18 @@ class Cluster:
         group = self.request("GET", "/apis/autoscaling") or {}
         served = {v.get("groupVersion") for v in group.get("versions", [])}
         return "autoscaling/v2" if "autoscaling/v2" in served else "autoscaling/v2beta2"
+
+    # -- what the children refer to ------------------------------------------------
+
+    def service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.request("GET", path("v1", "ServiceAccount", namespace, name), missing_ok=True)
+
+    def secrets_of(self, namespace: str, service_account: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Secrets a ServiceAccount lists, in its order (those missing left out: a reference to nothing
+        gives nothing, as in KServe's injector, which only logs it)."""
+        found = (self.request("GET", path("v1", "Secret", namespace, str(ref.get("name"))), missing_ok=True)
+                 for ref in service_account.get("secrets") or [] if ref.get("name"))
+        return [secret for secret in found if secret]
 
     # -- the InferenceService itself ----------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from . import manifests, status, validation
+from . import credentials, manifests, pods, status, validation
 from . import names as n
 from .apply import ApiError, Cluster
 from .config import Config
@@ -100,7 +100,8 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
     generation = meta.get("generation")
     try:
         validation.check(isvc)
-        cluster.sync(isvc, manifests.children(isvc, config, cluster.hpa_api_version))
+        env = _storage_env(isvc, cluster)
+        cluster.sync(isvc, manifests.children(isvc, config, cluster.hpa_api_version, env))
         sync_status(cluster, meta["namespace"], meta["name"], generation)
     except validation.Invalid as exc:
         sync_status(cluster, meta["namespace"], meta["name"], generation)
@@ -111,6 +112,15 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
         failure = {"type": "Ready", "status": "False", "reason": status.APPLY_FAILED, "message": exc.message}
         sync_status(cluster, meta["namespace"], meta["name"], generation, failure)
         raise _Refused("failed", kopf.PermanentError(f"the API server refused a child: {exc}")) from None
+
+
+def _storage_env(isvc: dict[str, Any], cluster: Cluster) -> list[dict[str, Any]]:
+    """An s3:// predictor's credentials, from its ServiceAccount and the Secrets it lists (KServe's way)."""
+    if not pods.needs_s3_credentials(isvc):
+        return []
+    namespace = isvc["metadata"]["namespace"]
+    account = cluster.service_account(namespace, credentials.service_account_name(isvc))
+    return credentials.s3_env(account, cluster.secrets_of(namespace, account) if account else [])
 
 
 @kopf.on.resume(*ISVC)

@@ -40,13 +40,14 @@ def autoscaled(spec: dict[str, Any]) -> bool:
     return high > low
 
 
-def deployment(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, Any]:
+def deployment(isvc: dict[str, Any], component: str, cfg: Config,
+               storage_env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     name = isvc["metadata"]["name"]
     spec = isvc["spec"][component]
     labels = n.child_labels(name, component)
     user_labels = dict(spec.get("labels") or {})
     template = {"metadata": {"labels": {**user_labels, **labels}},
-                "spec": pods.draining(pods.pod_spec(isvc, component, cfg))}
+                "spec": pods.draining(pods.pod_spec(isvc, component, cfg, storage_env))}
     annotations = {**pods.scrape_annotations(isvc, component), **(spec.get("annotations") or {})}  # the spec's win
     if annotations:
         template["metadata"]["annotations"] = annotations
@@ -111,12 +112,15 @@ def hpa(isvc: dict[str, Any], component: str, api_version: str = "autoscaling/v2
                          "name": spec.get("scaleMetric") or "cpu", "target": target}}]}}
 
 
-def children(isvc: dict[str, Any], cfg: Config, hpa_api_version: str = "autoscaling/v2") -> list[dict[str, Any]]:
-    """Every child object the InferenceService should have, in apply order."""
+def children(isvc: dict[str, Any], cfg: Config, hpa_api_version: str = "autoscaling/v2",
+             storage_env: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every child object the InferenceService should have, in apply order; ``storage_env``: the predictor's
+    storage initializer's (``credentials.s3_env``)."""
     isvc = copy.deepcopy(isvc)  # builders never share structure with their input
     out: list[dict[str, Any]] = []
     for component in n.present_components(isvc):
-        out += [deployment(isvc, component, cfg), service(isvc, component)]
+        out += [deployment(isvc, component, cfg, storage_env if component == "predictor" else None),
+                service(isvc, component)]
         scaler = hpa(isvc, component, hpa_api_version)
         if scaler:
             out.append(scaler)

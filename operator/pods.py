@@ -68,8 +68,10 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
             "timeoutSeconds": 5, "failureThreshold": failures}
 
 
-def _storage(uri: str, cfg: Config) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(model path, server mounts, init containers, volumes) for a storageUri."""
+def _storage(uri: str, cfg: Config, env: list[dict[str, Any]]
+             ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(model path, server mounts, init containers, volumes) for a storageUri; ``env``: the init container's
+    (an s3:// model's credentials, ``credentials.s3_env``)."""
     where = plan(uri)
     if where.kind == "pvc":
         volume = {"name": PVC_VOLUME, "persistentVolumeClaim": {"claimName": where.source, "readOnly": True}}
@@ -86,6 +88,8 @@ def _storage(uri: str, cfg: Config) -> tuple[str, list[dict[str, Any]], list[dic
             "command": ["ovserve", "storage-initializer", source, n.MODEL_MOUNT], "volumeMounts": init_mounts}
     if cfg.image_pull_policy:
         init["imagePullPolicy"] = cfg.image_pull_policy
+    if env:
+        init["env"] = copy.deepcopy(env)
     server_mounts = [{"name": MODELS_VOLUME, "mountPath": n.MODEL_MOUNT, "readOnly": True}]
     return n.MODEL_MOUNT, server_mounts, [init], volumes
 
@@ -145,11 +149,11 @@ def _metrics_in_plain_text(isvc: dict[str, Any]) -> bool:
     return (_flag(args, *flag) or "").strip().lower() in ("off", "none")
 
 
-def ovserve_container(isvc: dict[str, Any],
-                      cfg: Config) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+def ovserve_container(isvc: dict[str, Any], cfg: Config, storage_env: list[dict[str, Any]] | None = None
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The ovserve server container of a ``model`` predictor, its init containers and volumes."""
     model = isvc["spec"]["predictor"]["model"]
-    model_path, mounts, inits, volumes = _storage(model["storageUri"], cfg)
+    model_path, mounts, inits, volumes = _storage(model["storageUri"], cfg, storage_env or [])
     ports = serving_ports(isvc["spec"]["predictor"], "predictor")
     args = ["serve", "--model-name", isvc["metadata"]["name"], "--model-path", model_path]
     for name, port in ports.items():
@@ -205,10 +209,19 @@ def user_containers(isvc: dict[str, Any], component: str) -> list[dict[str, Any]
     return containers
 
 
-def pod_spec(isvc: dict[str, Any], component: str, cfg: Config) -> dict[str, Any]:
+def needs_s3_credentials(isvc: dict[str, Any]) -> bool:
+    """The predictor's storage initializer fetches from S3: the handler looks up its credentials."""
+    spec = isvc["spec"]["predictor"]
+    return is_ovserve(spec) and plan(spec["model"]["storageUri"]).kind == "s3"
+
+
+def pod_spec(isvc: dict[str, Any], component: str, cfg: Config,
+             storage_env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A component's pod; ``storage_env``: the predictor's storage initializer's env (``credentials.s3_env``,
+    which needs the API; ``ovserve run`` has none: the local processes inherit the user's environment)."""
     spec = isvc["spec"][component]
     if component == "predictor" and is_ovserve(spec):
-        container, inits, volumes = ovserve_container(isvc, cfg)
+        container, inits, volumes = ovserve_container(isvc, cfg, storage_env)
         pod: dict[str, Any] = {"containers": [container]}
         if inits:
             pod["initContainers"] = inits

@@ -53,6 +53,9 @@ DEFAULT_MAX_BYTES = 1 << 40
 #: An archive may always unpack to this much, whatever its ratio: a tar is at least 10 KiB of mostly
 #: zero blocks, so tiny archives compress far beyond any ratio a model reaches.
 RATIO_FLOOR = 1 << 20
+#: A model is a few files to a few thousand (a tokenizer's vocabulary, sharded weights); a listing or an
+#: archive of more is a mistake (a bucket's root given for a model's folder) or an inode bomb of empty files.
+DEFAULT_MAX_FILES = 100_000
 
 
 class _Reader(Protocol):
@@ -94,10 +97,16 @@ def _size(n: float) -> str:
 
 @dataclass(frozen=True)
 class Limits:
-    """How far an archive may expand; 0 turns a limit off."""
+    """How far an archive (or an object store's listing: max_bytes, max_files) may expand; 0 turns a limit off."""
 
     max_bytes: int = DEFAULT_MAX_BYTES
     max_ratio: float = DEFAULT_MAX_RATIO
+    max_files: int = DEFAULT_MAX_FILES
+
+    def count(self, n: int) -> None:
+        """Raise before the entry that takes the count of files past ``max_files``."""
+        if self.max_files and n > self.max_files:
+            raise ArchiveError(f"more than --max-files {self.max_files} entries")
 
     def allowance(self, archive_size: int) -> tuple[int | None, str]:
         """The most bytes an archive of ``archive_size`` may unpack to, and the end of the message
@@ -230,7 +239,8 @@ def _unpack_tar(archive: Path, dest: str, limits: Limits) -> None:
             # Stream mode: one pass, no seeking back (which would decompress the data twice).
             # typeshed asks every fileobj for write, tell, seek and close; stream mode ("r|") only reads.
             with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tar:  # type: ignore[call-overload]
-                for member in tar:
+                for n, member in enumerate(tar, 1):
+                    limits.count(n)
                     _extract_member(tar, member, dest, written)
             stream.drain()
         except _FILTER_ERROR as exc:
@@ -282,7 +292,8 @@ def _unpack_zip(archive: Path, dest: str, limits: Limits) -> None:
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, OSError, *_CORRUPT) as exc:
         raise ArchiveError(f"not a valid archive ({exc})") from None  # NotImplementedError: "zip file version 6.8"
     with z:
-        for info in z.infolist():
+        for n, info in enumerate(z.infolist(), 1):
+            limits.count(n)
             target = _zip_target(root, info.filename)
             if target is None:
                 continue

@@ -1,16 +1,18 @@
 """``ovserve storage-initializer SRC DEST``: put a model where the server reads it.
 
 SRC is an ``http(s)://`` URL of a file or of an archive (.tar, .tar.gz/.tgz,
-.tar.bz2, .tar.xz, .zip: unpacked), a ``file://`` URI or a local path (a folder
-is copied with its contents, a file into DEST, an archive unpacked). This is
-what the operator's init container runs; ``pvc://`` claims are mounted by the
-operator instead, never copied.
+.tar.bz2, .tar.xz, .zip: unpacked), an ``s3://bucket/prefix`` (every object under
+the prefix, or the one object it names; AWS_* and S3_* variables as KServe's),
+a ``file://`` URI or a local path (a folder is copied with its contents, a file
+into DEST, an archive unpacked). This is what the operator's init container
+runs; ``pvc://`` claims are mounted by the operator instead, never copied.
 
 All or nothing: the model is fetched (and unpacked) into a scratch folder inside
 DEST, then merged into DEST only when all of it arrived intact; on any failure
 DEST is left as it was. Downloads must match their Content-Length (and the
---sha256 or #sha256= digest when given); archives are verified to their last
-CRC and may not expand beyond --max-unpacked-bytes or --max-ratio.
+--sha256 or #sha256= digest when given), S3 objects their listed size, checksum
+and MD5 ETag; archives are verified to their last CRC and may not expand beyond
+--max-unpacked-bytes, --max-files or --max-ratio.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import argparse
 import contextlib
 import hashlib
 import http.client
+import importlib.util
 import os
 import re
 import shutil
@@ -29,7 +32,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
-from .archives import CHUNK, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, RATIO_FLOOR, ArchiveError, Limits, is_archive, unpack
+from .archives import (
+    CHUNK,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FILES,
+    DEFAULT_MAX_RATIO,
+    RATIO_FLOOR,
+    ArchiveError,
+    Limits,
+    is_archive,
+    unpack,
+)
 from .version import __version__
 
 if sys.platform != "win32":  # Windows has no advisory locks, so no sweeping either
@@ -171,9 +184,52 @@ def _source(src: str, dest: Path, sha256: str | None, opener: urllib.request.Ope
         if dest.resolve().is_relative_to(local.resolve()):  # the copy would copy itself
             raise StorageError(f"{local}: DEST {dest} is inside this folder")
         return lambda work, tree, limits: _copy_folder(local, work, tree, limits)
+    if scheme == "s3":
+        return _s3_source(src, sha256)
     if scheme == "pvc":
         raise StorageError(f"{src}: a pvc:// claim is mounted by the operator, not copied")
-    raise StorageError(f"{src}: unsupported scheme {scheme!r} (use http(s)://, file:// or a local path)")
+    raise StorageError(f"{src}: unsupported scheme {scheme!r} (use s3://, http(s)://, file:// or a local path)")
+
+
+# -- s3:// -------------------------------------------------------------------------------
+
+def _s3_source(src: str, sha256: str | None) -> Fetch:
+    if importlib.util.find_spec("boto3") is None:
+        raise StorageError(f"{src}: s3:// needs boto3: pip install 'ovserve[s3]' (the server image has it)")
+    from . import storage_s3 as s3
+
+    try:
+        bucket, prefix = s3.parse(src)
+    except s3.S3Error as exc:
+        raise StorageError(str(exc)) from None
+    expected = _expected_sha256(sha256, src.partition("#")[2], src)
+    where = f"s3://{bucket}/{prefix}"
+
+    def fetch(work: Path, tree: Path, limits: Limits) -> None:
+        client, anonymous = s3.client()
+        try:
+            objects = s3.listing(client, bucket, prefix, limits)
+            single = objects[0].path == ""
+            if expected is not None and not single:
+                raise s3.S3Error("is a folder of objects; --sha256 checks one object")
+            name = PurePosixPath(objects[0].key).name
+            for _, path in s3.download(client, bucket, objects, work if single and is_archive(name) else tree):
+                if single:
+                    _check_sha256(_file_sha256(path), expected, where)
+                    if is_archive(name):
+                        _place(path, name, tree, limits)
+        except StorageError:
+            raise
+        except s3.S3Error as exc:
+            raise StorageError(f"{where}: {exc}") from None
+        except Exception as exc:  # botocore's and s3transfer's, on one line
+            if isinstance(exc, OSError) and not type(exc).__module__.startswith(("botocore", "s3transfer")):
+                raise  # the disk's (no space, read-only): main() prints those as they are
+            why = s3.describe(exc)
+            if anonymous and ("AccessDenied" in why or "403" in why):
+                why += " (no credentials were found, so the request was anonymous)"
+            raise StorageError(f"{where}: {why}") from None
+    return fetch
 
 
 # -- all or nothing ------------------------------------------------------------------------
@@ -299,6 +355,12 @@ def _ratio(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    if not text.strip().isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number >= 0; 0 for none)")
+    return int(text)
+
+
 def _sha256(text: str) -> str:
     if not SHA256.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a SHA-256 digest (64 hex digits)")
@@ -309,8 +371,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("storage-initializer",
                        help="fetch a model into a folder (what the operator's init container runs)",
                        description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "))
-    p.add_argument("src", help="http(s):// file or archive, file:// URI, or local path; an http(s):// or file:// "
-                   "URL may end in #sha256=HEX (as pip reads it)")
+    p.add_argument("src", help="http(s):// file or archive, s3://bucket/prefix, file:// URI, or local path; a URL "
+                   "naming one file may end in #sha256=HEX (as pip reads it)")
     p.add_argument("dest", type=Path, help="folder to fill, e.g. /mnt/models (created if missing; what it holds "
                    "is kept, same-named files are replaced)")
     p.add_argument("--sha256", type=_sha256, default=None, metavar="HEX",
@@ -318,6 +380,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--max-unpacked-bytes", type=byte_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
                    help="most an archive may unpack to (and a download may be), e.g. 20Gi; 0 for no limit "
                    "[default 1Ti]")
+    p.add_argument("--max-files", type=_count, default=DEFAULT_MAX_FILES, metavar="N",
+                   help=f"most files an archive or an s3:// prefix may hold; 0 for no limit "
+                   f"[default {DEFAULT_MAX_FILES}]")
     p.add_argument("--max-ratio", type=_ratio, default=DEFAULT_MAX_RATIO, metavar="R",
                    help=f"most an archive may unpack to, as a multiple of its own size (archives may always "
                    f"unpack to {RATIO_FLOOR >> 20} MiB); 0 for no limit [default {DEFAULT_MAX_RATIO:g}]")
@@ -326,7 +391,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def main(ns: argparse.Namespace) -> int:
     src, dest = ns.src, ns.dest
     try:
-        initialize(src, dest, Limits(ns.max_unpacked_bytes, ns.max_ratio), ns.sha256)
+        initialize(src, dest, Limits(ns.max_unpacked_bytes, ns.max_ratio, ns.max_files), ns.sha256)
     except (StorageError, OSError) as exc:
         one_line = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"ovserve storage-initializer: error: {one_line}", file=sys.stderr)

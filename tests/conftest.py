@@ -97,3 +97,20 @@ def echo_server(echo_repo: Path) -> Iterator[ServerProcess]:
         yield proc.wait_ready()
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def ir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """A real OpenVINO IR (tests/models.py add_one) as the files of its model folder: {"1/model.xml": ...}."""
+    from .s3_store import build_ir
+
+    return build_ir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def s3(ir: dict[str, bytes]) -> Iterator:
+    """moto's S3 server on 127.0.0.1 holding ``ir`` (tests/s3_store.py), once per session: moto's backends
+    belong to the process."""
+    from .s3_store import start
+
+    yield from start(ir)

@@ -125,7 +125,8 @@ def test_cluster_wide_install_reconciles_and_uninstalls(cluster: ControlPlane, k
 
     assert allowed(kube, name, "watch", "serving.kserve.io", "inferenceservices", "anywhere")
     assert allowed(kube, name, "create", "apps", "deployments", "anywhere")
-    assert not allowed(kube, name, "get", "", "secrets", "anywhere")
+    assert allowed(kube, name, "get", "", "secrets", "anywhere")  # an s3:// predictor's credentials, by name
+    assert not allowed(kube, name, "list", "", "secrets", "anywhere")
     assert not allowed(kube, name, "delete", "serving.kserve.io", "inferenceservices", "anywhere")
 
     kube.create("/api/v1/namespaces", {"metadata": {"name": "wide-a"}})

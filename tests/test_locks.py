@@ -66,7 +66,9 @@ def needs(requirements: list[str], extras: set[str] = frozenset()) -> list[Requi
 #: lock -> what pyproject.toml asks the image to install (scripts/lock.sh's inputs)
 INPUTS = {
     # the experimental native gRPC engine (the grpc-native extra) is not in the image (issue 33)
-    "server": needs(PYPROJECT["project"]["dependencies"]) + needs(CLIENT["project"]["dependencies"]),
+    # with the s3 extra: the storage initializer runs from the server image (s3:// needs boto3)
+    "server": needs(PYPROJECT["project"]["dependencies"]) + needs(CLIENT["project"]["dependencies"])
+    + needs(PYPROJECT["project"]["optional-dependencies"]["s3"], {"s3"}),
     "operator": needs(PYPROJECT["project"]["optional-dependencies"]["operator"]),
     "build": needs(PYPROJECT["build-system"]["requires"]),
     "sbom": needs(["cyclonedx-bom>=7.5"]),  # scripts/lock.sh's own input: the builder's SBOM generator
@@ -138,7 +140,7 @@ def uv() -> str | None:
 def test_pyproject_resolves_for_the_image_within_protobuf_6(tmp_path: Path, resolution: str) -> None:
     """What pyproject.toml allows resolves for the image's platform, newest and oldest alike, without pip
     backtracking through protobuf-7 releases (the bounds say which at once)."""
-    (tmp_path / "server.in").write_text(f"{ROOT / 'packaging/client'}\n{ROOT}[grpc-native]\n")
+    (tmp_path / "server.in").write_text(f"{ROOT / 'packaging/client'}\n{ROOT}[grpc-native,s3]\n")
     out = subprocess.run([uv(), "pip", "compile", "--quiet", "--no-config", "--python-version", "3.11",  # type: ignore[list-item]
                           "--python-platform", "x86_64-manylinux_2_36", "--index-url", "https://pypi.org/simple",
                           "--resolution", resolution, "--no-emit-package", "ovserve", "--no-emit-package",

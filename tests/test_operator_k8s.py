@@ -196,19 +196,46 @@ def test_image_pull_errors_show_at_once(kube: Kube, operator: Operator, ns: str)
     wait_condition(kube, ns, "resnet", "Ready", "True")
 
 
+def test_s3_credentials_come_from_the_service_account_secrets(kube: Kube, operator: Operator, ns: str) -> None:
+    """KServe's documented Secret and ServiceAccount, applied as users do: the storage initializer gets the
+    variables (the keys by reference), the server container none of them."""
+    kube.create(f"/api/v1/namespaces/{ns}/secrets", {
+        "metadata": {"name": "s3creds", "annotations": {"serving.kserve.io/s3-endpoint": "minio.store.svc:9000",
+                                                        "serving.kserve.io/s3-usehttps": "0",
+                                                        "serving.kserve.io/s3-region": "us-east-2"}},
+        "type": "Opaque", "stringData": {"AWS_ACCESS_KEY_ID": "XXXX", "AWS_SECRET_ACCESS_KEY": "YYYYYYYY"}})
+    kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts",
+                {"metadata": {"name": "sa"}, "secrets": [{"name": "missing"}, {"name": "s3creds"}]})
+    body = example("predictor", ns)
+    body["spec"]["predictor"]["serviceAccountName"] = "sa"
+    body["spec"]["predictor"]["model"]["storageUri"] = "s3://models/resnet"
+    kube.create(isvc_path(ns), body)
+    pod = eventually(lambda: kube.get(deploy_path(ns, "resnet-predictor")), what="predictor")["spec"]["template"]["spec"]
+    init = pod["initContainers"][0]
+    assert init["command"] == ["ovserve", "storage-initializer", "s3://models/resnet", "/mnt/models"]
+    key = {"secretKeyRef": {"name": "s3creds", "key": "AWS_ACCESS_KEY_ID"}}
+    assert init["env"][0] == {"name": "AWS_ACCESS_KEY_ID", "valueFrom": key}
+    assert {v["name"]: v.get("value") for v in init["env"][2:]} == {
+        "S3_USE_HTTPS": "0", "S3_ENDPOINT": "minio.store.svc:9000", "AWS_ENDPOINT_URL": "http://minio.store.svc:9000",
+        "AWS_DEFAULT_REGION": "us-east-2"}
+    assert pod["serviceAccountName"] == "sa" and "AWS_" not in str(pod["containers"])
+    wait_condition(kube, ns, "resnet", "Ready", "Unknown")
+
+
 def test_invalid_specs_are_refused_with_a_condition(kube: Kube, operator: Operator, ns: str) -> None:
     bad_format = example("predictor", ns)
     bad_format["metadata"]["name"] = "wrong-format"
     bad_format["spec"]["predictor"]["model"]["modelFormat"]["name"] = "sklearn"
     bad_uri = example("predictor", ns)
     bad_uri["metadata"]["name"] = "wrong-uri"
-    bad_uri["spec"]["predictor"]["model"]["storageUri"] = "s3://bucket/model"
+    bad_uri["spec"]["predictor"]["model"]["storageUri"] = "hdfs://namenode/model"
     kube.create(isvc_path(ns), bad_format)
     kube.create(isvc_path(ns), bad_uri)
     ready = wait_condition(kube, ns, "wrong-format", "Ready", "False", "InvalidSpec")
     assert ready["message"].startswith("spec.predictor.model.modelFormat.name: 'sklearn' is not supported")
     ready = wait_condition(kube, ns, "wrong-uri", "Ready", "False", "InvalidSpec")
-    assert ready["message"].startswith("spec.predictor.model.storageUri: 's3://bucket/model': s3:// is not supported")
+    assert ready["message"].startswith("spec.predictor.model.storageUri: 'hdfs://namenode/model': hdfs:// is not "
+                                       "supported")
     assert kube.get(deploy_path(ns, "wrong-format-predictor")) is None
     assert kube.get(deploy_path(ns, "wrong-uri-predictor")) is None
     # fixing the spec brings the children
@@ -326,7 +353,9 @@ def test_role_grants_what_the_operator_needs_and_no_more(kube: Kube, operator: O
         assert allowed(verb, "", "services") and allowed(verb, "autoscaling", "horizontalpodautoscalers"), verb
     assert allowed("patch", "serving.kserve.io", "inferenceservices", "status")
     assert allowed("watch", "serving.kserve.io", "inferenceservices")
-    assert not allowed("get", "", "secrets")
+    # an s3:// predictor's ServiceAccount and the Secrets it lists, one by one (never a list or a watch)
+    assert allowed("get", "", "serviceaccounts") and allowed("get", "", "secrets")
+    assert not allowed("list", "", "secrets") and not allowed("watch", "", "secrets")
     assert not allowed("delete", "serving.kserve.io", "inferenceservices")
     for verb in ("get", "list", "watch"):
         assert allowed(verb, "", "pods"), verb

@@ -50,7 +50,7 @@ def test_scraping_annotation_and_reconcile_metrics(kube: Kube, metrics_operator:
     kube.create(isvc_path(ns), plain)
     bad = example("predictor", ns)
     bad["metadata"]["name"] = "bad"
-    bad["spec"]["predictor"]["model"]["storageUri"] = "s3://bucket/model"
+    bad["spec"]["predictor"]["model"]["storageUri"] = "hdfs://namenode/model"
     kube.create(isvc_path(ns), bad)
 
     name = scraped["metadata"]["name"]

@@ -246,7 +246,7 @@ INVALID = [
     ("predictor", "metadata.name", "a" * 52, "metadata.name"),
     ("predictor", "spec.predictor.model.modelFormat.name", "tensorflow", "spec.predictor.model.modelFormat.name"),
     ("predictor", "spec.predictor.model.runtime", "kserve-mlserver", "spec.predictor.model.runtime"),
-    ("predictor", "spec.predictor.model.storageUri", "s3://bucket/model", "spec.predictor.model.storageUri"),
+    ("predictor", "spec.predictor.model.storageUri", "hdfs://namenode/model", "spec.predictor.model.storageUri"),
     ("predictor", "spec.predictor.model.storageUri", "pvc:///path", "spec.predictor.model.storageUri"),
     ("predictor", "spec.predictor.model.storageUri", "ftp://host/m", "spec.predictor.model.storageUri"),
     ("predictor", "spec.predictor.model.storageUri", "", "spec.predictor.model.storageUri"),
@@ -332,6 +332,7 @@ def test_examples_are_valid(stem: str) -> None:
     ("pvc://store/a/b/", StoragePlan("pvc", "store", "a/b")),
     ("pvc://store", StoragePlan("pvc", "store", "")),
     ("https://h/m.tgz", StoragePlan("http", "https://h/m.tgz")),
+    ("s3://bucket/models/m", StoragePlan("s3", "s3://bucket/models/m")),
     ("file:///srv/m/", StoragePlan("host", "/srv/m")),
     ("/srv/m", StoragePlan("host", "/srv/m")),
 ])
@@ -339,7 +340,8 @@ def test_storage_plans(uri: str, expected: StoragePlan) -> None:
     assert plan(uri) == expected
 
 
-@pytest.mark.parametrize("uri,why", [("gs://b/m", "not supported"), ("pvc://Bad_Name/x", "claim name"),
+@pytest.mark.parametrize("uri,why", [("gs://b/m", "not supported"), ("s3:///m", "needs a bucket"),
+                                     ("pvc://Bad_Name/x", "claim name"),
                                      ("http:///m", "no host"), ("file://host/m", "file:///absolute"),
                                      ("/", "root folder"), ("relative/path", "unknown scheme")])
 def test_bad_storage_uris_say_why(uri: str, why: str) -> None:

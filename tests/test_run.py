@@ -24,8 +24,21 @@ import yaml
 
 from ovserve.server.child import free_ports, spawn
 
-from .ovserve_run import (EXAMPLES, ROOT, WORKDIR, OvserveRun, alive, assert_all_gone, bindable, command, example,
-                          processes, using, write)
+from .ovserve_run import (
+    EXAMPLES,
+    ROOT,
+    WORKDIR,
+    OvserveRun,
+    alive,
+    assert_all_gone,
+    bindable,
+    command,
+    example,
+    processes,
+    using,
+    write,
+)
+from .s3_store import S3
 
 # -- fixtures ---------------------------------------------------------------------
 
@@ -143,6 +156,23 @@ def test_http_storage_through_the_real_initializer(name: str, model_site: str, f
         inp.set_data_from_numpy(x)
         np.testing.assert_allclose(client.infer(model, [inp]).as_numpy("y"), [[4.5, 4.5], [10.5, 10.5]])
         assert any("linear.tar.gz -> " in line for line in run.lines)
+    finally:
+        code, _ = run.stop()
+    assert code == 0, run.output
+
+
+def test_s3_storage_with_the_users_environment(s3: S3, files: Path) -> None:
+    """No cluster, no ServiceAccount: the storage initializer of ``ovserve run`` reads the user's AWS_* variables
+    (moto's S3 server, signature v4 on: tests/s3_store.py)."""
+    run = OvserveRun(example("demo-add.yaml", files, "s3://models/add-one"), env=s3.env())
+    try:
+        run.wait_ready()
+        x = list(range(16))
+        r = requests.post(f"http://{run.rest()}/v2/models/add-one/infer", timeout=10, json={
+            "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == [v + 1 for v in x]
+        assert any("s3://models/add-one -> " in line for line in run.lines), run.output
     finally:
         code, _ = run.stop()
     assert code == 0, run.output

@@ -151,7 +151,7 @@ def test_http_errors_say_why(site: str, tmp_path: Path, path: str, why: str) -> 
 
 
 @pytest.mark.parametrize("src,why", [
-    ("s3://bucket/model", "unsupported scheme 's3'"),
+    ("hdfs://namenode/model", "unsupported scheme 'hdfs'"),
     ("pvc://claim/model", "mounted by the operator"),
     ("file://otherhost/m", "file:///path"),
     ("http:///nohost", "no host"),

@@ -27,7 +27,7 @@ MODULE_TIERS: dict[str, str] = {
         "test_client_grpc", "test_client_kserve_server", "test_client_rest", "test_datatypes",
         "test_dockerfiles", "test_healthcheck", "test_explainer", "test_explainer_cat", "test_faults",
         "test_grpc_engines", "test_grpc_loop",
-        "test_images_server", "test_kserve_sdk", "test_lifecycle", "test_smoke", "test_storage_initializer",
+        "test_images_server", "test_kserve_sdk", "test_lifecycle", "test_smoke", "test_storage_initializer", "test_storage_s3",
         "test_transformer", "test_tls", "test_transformer_imagenet", "test_transformer_tls", "test_v1", "test_zoo_mobilenet",
         "test_zoo_pth",
     ], "integration"),
@@ -41,8 +41,8 @@ MODULE_TIERS: dict[str, str] = {
     "test_cluster": "e2e",
 }
 
-#: fixtures (tests/conftest.py) that start a server process
-SERVER_FIXTURES = frozenset({"server", "echo_server", "start_server"})
+#: fixtures (tests/conftest.py) that start a server (a process; s3: moto's S3 server on a thread)
+SERVER_FIXTURES = frozenset({"server", "echo_server", "start_server", "s3"})
 
 
 def tier_of(item: pytest.Item) -> list[str]:
