@@ -12,7 +12,9 @@ calls ModelInfer on a connection of its own. Every test asserts, in bounded loop
 
 The attacks: a HEADERS+DATA+RST_STREAM flood ("rapid reset", CVE-2023-44487), PING and SETTINGS floods from
 a peer that never reads, an 8 MiB header block, more streams than a connection may open, a length prefix of
-4 GiB, and a 20,000-character model name (whose echo in the error must not outgrow the reply's headers).
+4 GiB, and a 20,000-character model name (whose echo in the error must not outgrow the reply's headers);
+then malformed requests (RFC 9113 §8.2: invalid or connection-specific header fields, misused pseudo-headers),
+each refused before any handler runs, on every service of every listener.
 docs/operations.md "The gRPC door" lists the limits, and what the experimental engines do not yet withstand.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from urllib.parse import unquote
 
 import grpc
 import hpack
@@ -56,7 +59,9 @@ NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM = 0x0, 0x1, 
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("door")
     models.save(models.add_one(), repo, "add")
-    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0"])
+    # TorchServe's two listeners and the metrics too: malformed requests are refused on every service
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--metrics-enable",
+                          "--ts-inference-port", "0", "--ts-management-port", "0"])
     try:
         yield proc.wait_ready()
     finally:
@@ -130,8 +135,8 @@ class Probe:
 class Attacker:
     """One raw HTTP/2 connection: the client preface and an empty SETTINGS sent, then whatever the test sends."""
 
-    def __init__(self, server: ServerProcess) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5)
+    def __init__(self, server: ServerProcess, port: int | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port or server.grpc_port), timeout=5)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # a peer that reads little
         self.encoder = hpack.Encoder()
         self.sock.sendall(PREFACE + SettingsFrame(0).serialize())
@@ -372,6 +377,113 @@ def test_a_20000_character_model_name_is_not_echoed_whole(server: ServerProcess)
     assert resp.status_code == 404 and len(resp.json()["error"]) < 1000, (resp.status_code, len(resp.text))
 
 
+# -- malformed requests (item 5) ---------------------------------------------------------------------------
+
+def _with(name: str, value: str) -> list[tuple[str, str]]:
+    return [*HEADERS, (name, value)]
+
+
+#: Requests RFC 9113 §8.2 makes malformed, as raw header lists, each with what ends it on the default engine:
+#: "refused" is ovserve's INVALID_ARGUMENT naming the field (server/transports/grpc/headers.py), "core" is
+#: gRPC's C core's own INTERNAL; either way before any handler runs.
+MALFORMED: dict[str, tuple[list[tuple[str, str]], str, str]] = {
+    "CR in a value": (_with("x-a", "a\rb"), "refused", "x-a"),
+    "LF in a value": (_with("x-a", "a\nb"), "refused", "x-a"),
+    "NUL in a value": (_with("x-a", "a\x00b"), "refused", "x-a"),
+    "a header smuggled by CRLF": (_with("x-a", "a\r\nauthorization: Bearer x"), "refused", "x-a"),
+    "a control character in a value": (_with("x-a", "a\x01b"), "refused", "x-a"),
+    "DEL in a value": (_with("x-a", "a\x7fb"), "refused", "x-a"),
+    "a value starting with a space": (_with("x-a", " a"), "refused", "x-a"),
+    "a value ending with a tab": (_with("x-a", "a\t"), "refused", "x-a"),
+    "connection": (_with("connection", "close"), "refused", "connection"),
+    "proxy-connection": (_with("proxy-connection", "keep-alive"), "refused", "proxy-connection"),
+    "keep-alive": (_with("keep-alive", "timeout=5"), "refused", "keep-alive"),
+    "transfer-encoding": (_with("transfer-encoding", "chunked"), "refused", "transfer-encoding"),
+    "upgrade": (_with("upgrade", "h2c"), "refused", "upgrade"),
+    "te other than trailers": ([(k, "gzip" if k == "te" else v) for k, v in HEADERS], "core", "te"),
+    "a second te": (_with("te", "gzip"), "core", "te"),
+    "an upper-case name": (_with("X-Upper", "a"), "core", "X-Upper"),
+    "a space in a name": (_with("x a", "a"), "core", "x a"),
+    "a long invalid name": (_with("X" * 5000, "a"), "core", "XXXX"),
+    "an unknown pseudo-header": ([(":foo", "bar"), *HEADERS], "core", ":foo"),
+    ":protocol in a request": (_with(":protocol", "websocket"), "core", ":protocol"),
+    "a second :authority": (_with(":authority", "other"), "core", ":authority"),
+}
+
+
+def _model_infers(server: ServerProcess) -> float:
+    """ModelInfer calls the metrics have counted, succeeded or failed (a handler ran)."""
+    resp = requests.get(f"{server.url}/metrics", timeout=10)
+    assert resp.status_code == 200, resp.text
+    return sum(float(line.rpartition(" ")[2]) for line in resp.text.splitlines()
+               if line.startswith(("ovms_requests_success{", "ovms_requests_fail{"))
+               and 'method="ModelInfer"' in line and 'interface="gRPC"' in line)
+
+
+def _answer(server: ServerProcess, fields: list[tuple[str, str]], body: bytes, port: int | None = None) -> dict[str, str]:
+    """The trailers (or trailers-only reply) a raw request with ``fields`` and ``body`` gets, or ``reset``/``nothing``."""
+    attacker = Attacker(server, port)
+    attacker.send(attacker.headers(1, attacker.block(fields, huffman=False))
+                  + DataFrame(1, body, flags=["END_STREAM"]).serialize())
+    frames = attacker.frames(5.0, until=lambda f: isinstance(f, (RstStreamFrame, GoAwayFrame))
+                             or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags))
+    statuses = [fields for _, fields in _statuses(frames) if "grpc-status" in fields]
+    if statuses:
+        return statuses[-1]
+    resets = [f for f in frames if isinstance(f, (RstStreamFrame, GoAwayFrame))]
+    return {"reset": type(resets[0]).__name__} if resets else {"nothing": str(len(frames))}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_request_is_refused_before_any_handler(server: ServerProcess, case: str) -> None:
+    """Issue 33, item 5: never a call. RFC 9113 answers RST_STREAM PROTOCOL_ERROR; on grpcio ovserve cannot reset
+    a stream from Python, so the call ends INVALID_ARGUMENT naming the field, before the handler is looked up
+    and before the body is read (docs/operations.md "The gRPC door"). The model's ModelInfer count in the
+    metrics stays as it was, and a well-behaved client's connection, open throughout, is served after."""
+    fields, by, named = MALFORMED[case]
+    with grpc.insecure_channel(server.grpc_target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stub.ModelInfer(_request(), timeout=10)
+        before = _model_infers(server)
+        got = _answer(server, fields, _message(_request()))
+        assert got.get("grpc-status") != "0", got
+        if by == "refused":
+            assert got.get("grpc-status") == "3", got  # INVALID_ARGUMENT
+            message = unquote(got.get("grpc-message", ""))
+            assert message.startswith("malformed request:") and repr(named) in message, message
+        else:  # gRPC's core, before ovserve sees the call
+            assert got.get("grpc-status") == "13" or "reset" in got, got  # INTERNAL
+            assert len(got.get("grpc-message", "")) < 1000, got
+        assert _model_infers(server) == before, "a handler ran"
+        stub.ModelInfer(_request(), timeout=10)  # the same connection as before: served
+        assert _model_infers(server) == before + 1
+
+
+SERVICES = {  # a method of every service on every listener of the server, its listener and request body
+    "KServe V2": ("grpc", METHOD, _message(_request())),
+    "health": ("grpc", "/grpc.health.v1.Health/Check", _message(pb.ServerLiveRequest())),
+    "reflection": ("grpc", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                   b"\x00\x00\x00\x00\x02\x3a\x00"),  # list_services: ""
+    "TorchServe inference": ("ts-inference", "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping",
+                             b"\x00\x00\x00\x00\x00"),
+    "TorchServe management": ("ts-management",
+                              "/org.pytorch.serve.grpc.management.ManagementAPIsService/ListModels",
+                              b"\x00\x00\x00\x00\x00"),
+}
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+def test_every_service_refuses_a_malformed_request(server: ServerProcess, service: str) -> None:
+    """The check is the listener's (a server interceptor), not a service's: health and reflection, which are
+    no servicer of ovserve's, refuse too. The same request well-formed is served (status 0)."""
+    listener, path, body = SERVICES[service]
+    fields = [(k, path if k == ":path" else v) for k, v in HEADERS]
+    port = server.ports[listener]
+    assert _answer(server, fields, body, port).get("grpc-status") == "0"
+    got = _answer(server, [*fields, ("transfer-encoding", "chunked")], body, port)
+    assert got.get("grpc-status") == "3" and "transfer-encoding" in unquote(got.get("grpc-message", "")), got
+
+
 def test_the_server_log_is_free_of_tracebacks(server: ServerProcess) -> None:
     assert "Traceback" not in server.log, server.log[-3000:]
 
@@ -420,3 +532,22 @@ def test_a_protected_method_under_another_spelling_is_never_served_without_a_tok
     assert _call_with_path(guarded, METHOD, token="door-token").get("grpc-status") == "0"  # and with the token
     got = _call_with_path(guarded, path)
     assert got.get("grpc-status") != "0", got
+
+
+@pytest.mark.parametrize("first, last", [("/inference.GRPCInferenceService/ServerLive", METHOD),
+                                         ("/grpc.health.v1.Health/Check", METHOD)])
+def test_a_duplicated_path_is_authorized_as_the_path_it_is_routed_by(guarded: ServerProcess, first: str,
+                                                                     last: str) -> None:
+    """A second ``:path`` makes a request malformed (RFC 9113 §8.3.1), but gRPC's core keeps pseudo-headers out
+    of the metadata, so ovserve cannot see the duplicate to refuse it: the core routes by the last one. What
+    must hold is that the token gate decides on that same one: an open method's path first and a protected
+    one last is the protected one, refused without a token (a proxy in front that routed by the first would be
+    fooled; docs/operations.md "The gRPC door")."""
+    attacker = Attacker(guarded)
+    fields = [(":path", first), *((k, last if k == ":path" else v) for k, v in HEADERS)]
+    attacker.send(attacker.headers(1, attacker.block(fields)) + DataFrame(1, _message(_request()), flags=["END_STREAM"])
+                  .serialize())
+    frames = attacker.frames(3.0, until=lambda f: isinstance(f, (RstStreamFrame, GoAwayFrame))
+                             or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags))
+    statuses = [fields for _, fields in _statuses(frames) if "grpc-status" in fields]
+    assert statuses and statuses[-1]["grpc-status"] == "16", statuses  # UNAUTHENTICATED
