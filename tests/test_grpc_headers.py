@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovserve.server.transports.grpc.headers import QUOTED_NAME, malformed
+from ovserve.server.transports.grpc.headers import QUOTED_NAME, header_bytes, malformed
 
 UA = ("user-agent", "grpc-python/1.85.4 grpc-c/50.0.0 (linux; chttp2)")
 
@@ -44,3 +44,11 @@ def test_a_value_is_never_quoted(name: str) -> None:
 def test_a_long_name_is_cut() -> None:
     why = malformed([("X" * 20_000, "a")])
     assert why is not None and "20000 characters" in why and len(why) < QUOTED_NAME + 200, why
+
+
+def test_header_bytes_count_as_hpack_does() -> None:
+    assert header_bytes([]) == 0
+    assert header_bytes([("x-a", "abc")]) == 3 + 3 + 32
+    assert header_bytes([("x-a", "é")]) == 3 + 2 + 32  # UTF-8 bytes, not characters
+    assert header_bytes([("x-a-bin", b"\x00" * 4)]) == 7 + 8 + 32  # its base64 on the wire
+    assert header_bytes([("x-big", "a" * (20 << 10))]) > 16 << 10

@@ -160,7 +160,7 @@ def make_server(engine: str, options: list[tuple[str, Any]],
     """A grpc.aio-compatible server of the chosen engine (``grpcio``, ``loop``, or ``native`` on
     ``io_threads`` I/O threads)."""
     if engine == "grpcio":
-        return grpc.aio.server(options=options, interceptors=[MalformedRequests()])  # issue 33, item 5
+        return grpc.aio.server(options=options, interceptors=[MalformedRequests(MAX_METADATA_BYTES)])  # issue 33
     if engine == "native":
         try:
             import pygrpc_native.aio
