@@ -20,6 +20,7 @@ docs/operations.md "The gRPC door" lists the limits, and what the experimental e
 from __future__ import annotations
 
 import socket
+import ssl
 import statistics
 import struct
 import threading
@@ -39,7 +40,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
+from .client_proxies import Certs, make_certs, needs_openssl
 from .servers import ServerProcess
+from .tls_tools import tls_flags, wait_https
 
 pytestmark = pytest.mark.integration
 
@@ -135,8 +138,10 @@ class Probe:
 class Attacker:
     """One raw HTTP/2 connection: the client preface and an empty SETTINGS sent, then whatever the test sends."""
 
-    def __init__(self, server: ServerProcess, port: int | None = None) -> None:
+    def __init__(self, server: ServerProcess, port: int | None = None, tls: ssl.SSLContext | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port or server.grpc_port), timeout=5)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname="localhost")
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # a peer that reads little
         self.encoder = hpack.Encoder()
         self.sock.sendall(PREFACE + SettingsFrame(0).serialize())
@@ -589,3 +594,70 @@ def test_a_duplicated_path_is_authorized_as_the_path_it_is_routed_by(guarded: Se
                              or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags))
     statuses = [fields for _, fields in _statuses(frames) if "grpc-status" in fields]
     assert statuses and statuses[-1]["grpc-status"] == "16", statuses  # UNAUTHENTICATED
+
+
+# -- over TLS (item 7) ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Certs]]:
+    certs = make_certs(tmp_path_factory.mktemp("door-certs"))
+    repo = tmp_path_factory.mktemp("door-tls")
+    models.save(models.add_one(), repo, "add")
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *tls_flags(certs, client_ca=False)])
+    try:
+        yield wait_https(proc, certs), certs
+    finally:
+        proc.stop()
+
+
+@needs_openssl
+@pytest.mark.parametrize("size", [20 << 10, 100 << 10])
+def test_over_tls_a_call_with_too_much_metadata_is_refused_at_once(tls_server: tuple[ServerProcess, Certs],
+                                                                    size: int) -> None:
+    """Issue 33, item 7: the loop engine answered such a call over TLS with a GOAWAY that named its stream as
+    processed and left the TLS socket open, so grpcio's client waited out its whole deadline. On the default
+    engine it is RESOURCE_EXHAUSTED within a second, and the same channel serves the next call."""
+    server, certs = tls_server
+    credentials = grpc.ssl_channel_credentials(certs.ca.read_bytes())
+    with grpc.secure_channel(server.grpc_target, credentials) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stub.ModelInfer(_request(), timeout=10)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(_request(), timeout=30, metadata=(("x-big", "a" * size),))
+        took = time.monotonic() - started
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+        assert took < 2.0, f"refused after {took:.2f} s"
+        started = time.monotonic()
+        stub.ModelInfer(_request(), timeout=10)
+        assert time.monotonic() - started < 2.0
+
+
+@needs_openssl
+def test_over_tls_raw_frames_past_the_metadata_limit_are_answered(tls_server: tuple[ServerProcess, Certs]) -> None:
+    """The same with raw frames over TLS (ALPN h2), the 20 KiB value not Huffman-coded and so split across a
+    HEADERS and a CONTINUATION frame: the stream is answered (RESOURCE_EXHAUSTED or a reset) within a second,
+    never left waiting on an open socket (the loop engine sends a GOAWAY that names it as processed)."""
+    server, certs = tls_server
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    context.set_alpn_protocols(["h2"])
+    attacker = Attacker(server, tls=context)
+    assert isinstance(attacker.sock, ssl.SSLSocket) and attacker.sock.selected_alpn_protocol() == "h2"
+    block = attacker.block([(k, "https" if k == ":scheme" else v) for k, v in HEADERS] + [("x-big", "a" * (20 << 10))],
+                           huffman=False)
+    first, rest = HeadersFrame(1), ContinuationFrame(1)
+    first.data, rest.data = block[:16000], block[16000:]
+    rest.flags.add("END_HEADERS")
+    started = time.monotonic()
+    attacker.send(first.serialize() + rest.serialize() + DataFrame(1, _message(_request()), flags=["END_STREAM"])
+                  .serialize())
+    frames = attacker.frames(5.0, until=lambda f: f.stream_id == 1 and (
+        isinstance(f, RstStreamFrame) or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags))
+        or isinstance(f, GoAwayFrame))
+    took = time.monotonic() - started
+    statuses = [fields for _, fields in _statuses(frames) if "grpc-status" in fields]
+    # a GOAWAY answers it only if it leaves the stream unprocessed (the client may then retry it elsewhere)
+    assert statuses or any(isinstance(f, RstStreamFrame) and f.stream_id == 1 for f in frames) or any(
+        f.last_stream_id < 1 for f in _goaways(frames)), frames[-3:]
+    assert all(s["grpc-status"] == "8" for s in statuses), statuses
+    assert took < 1.0, f"answered after {took:.2f} s"
