@@ -661,3 +661,63 @@ def test_over_tls_raw_frames_past_the_metadata_limit_are_answered(tls_server: tu
         f.last_stream_id < 1 for f in _goaways(frames)), frames[-3:]
     assert all(s["grpc-status"] == "8" for s in statuses), statuses
     assert took < 1.0, f"answered after {took:.2f} s"
+
+
+# -- a message past --max-request-bytes (item 8) -----------------------------------------------------------
+
+LIMIT = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("limited")
+    models.save(models.add_one(), repo, "add")
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--max-request-bytes", str(LIMIT)])
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+def _padded(size: int) -> bytes:
+    """A ModelInfer request of exactly ``size`` bytes (its id padded)."""
+    req = _request()
+    req.id = "i" * (size - req.ByteSize() - 4)
+    while req.ByteSize() < size:
+        req.id += "i"
+    body = req.SerializeToString()
+    assert len(body) == size, len(body)
+    return body
+
+
+@pytest.mark.parametrize("size", [LIMIT + 1, 2 * LIMIT, (1 << 32) - 1])
+def test_a_message_past_the_limit_is_refused_on_its_length_prefix(limited: ServerProcess, size: int) -> None:
+    """Issue 33, item 8: the 5-byte prefix saying more than --max-request-bytes is enough. Only the prefix and
+    the first 16 KiB of the message are sent (the rest never comes): RESOURCE_EXHAUSTED within 2 s, without
+    waiting for the body the prefix announced."""
+    attacker = Attacker(limited)
+    attacker.send(attacker.headers(1, attacker.block(HEADERS)))
+    time.sleep(0.1)
+    started = time.monotonic()
+    attacker.send(DataFrame(1, b"\x00" + struct.pack(">I", size) + b"\x00" * ((16 << 10) - 5)).serialize())
+    frames = attacker.frames(3.0, until=lambda f: isinstance(f, (RstStreamFrame, GoAwayFrame))
+                             or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags))
+    took = time.monotonic() - started
+    statuses = [fields for _, fields in _statuses(frames) if "grpc-status" in fields]
+    assert statuses and statuses[-1]["grpc-status"] == "8", (statuses, frames[-3:])  # RESOURCE_EXHAUSTED
+    assert "larger than max" in statuses[-1].get("grpc-message", ""), statuses
+    assert took < 2.0, f"refused after {took:.2f} s"  # 0.1-0.8 s seen: the body it announced never comes
+
+
+def test_a_message_at_the_limit_is_taken(limited: ServerProcess) -> None:
+    """The bound is --max-request-bytes itself: a message of exactly that many bytes passes it (and is then
+    the model's to answer)."""
+    body = _padded(LIMIT)
+    with grpc.insecure_channel(limited.grpc_target, options=[("grpc.max_send_message_length", -1)]) as channel:
+        reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(pb.ModelInferRequest.FromString(body), timeout=30)
+    got = np.frombuffer(reply.raw_output_contents[0], np.float32)
+    assert np.array_equal(got, np.arange(16, dtype=np.float32) + 1), got
+    with grpc.insecure_channel(limited.grpc_target) as channel, pytest.raises(grpc.RpcError) as err:
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(pb.ModelInferRequest.FromString(_padded(LIMIT + 1)),
+                                                             timeout=30)
+    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
