@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import pytest
 
 #: the tiers, registered as markers (with what each holds) in pyproject.toml
-TIERS = ("unit", "integration", "operator", "local", "images", "e2e", "bench")
+TIERS = ("unit", "integration", "fuzz", "operator", "local", "images", "e2e", "bench")
 
 #: modules wholly in one tier other than unit
 MODULE_TIERS: dict[str, str] = {
@@ -31,6 +31,8 @@ MODULE_TIERS: dict[str, str] = {
         "test_transformer", "test_tls", "test_transformer_imagenet", "test_transformer_tls", "test_v1", "test_zoo_mobilenet",
         "test_zoo_pth",
     ], "integration"),
+    # hypothesis-made HTTP/2 frame sequences against one server on the default gRPC engine (issue 33)
+    "test_grpc_fuzz": "fuzz",
     **dict.fromkeys(["test_operator_k8s", "test_operator_resilience", "test_chart_k8s"], "operator"),
     **dict.fromkeys(["test_run", "test_run_transformer"], "local"),
     **dict.fromkeys(["test_bench_smoke", "test_bench_tools", "test_bench_soak", "test_bench_client_cost"], "bench"),

@@ -51,6 +51,7 @@ from ...errors import InvalidInput
 from ...gate import OPEN_GATE, Gate
 from ...tls import Material, ServerTls
 from .calls import InFlight, Servicer
+from .headers import MalformedRequests
 
 log = logging.getLogger("ovserve")
 
@@ -159,7 +160,7 @@ def make_server(engine: str, options: list[tuple[str, Any]],
     """A grpc.aio-compatible server of the chosen engine (``grpcio``, ``loop``, or ``native`` on
     ``io_threads`` I/O threads)."""
     if engine == "grpcio":
-        return grpc.aio.server(options=options)
+        return grpc.aio.server(options=options, interceptors=[MalformedRequests(MAX_METADATA_BYTES)])  # issue 33
     if engine == "native":
         try:
             import pygrpc_native.aio
