@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -527,3 +528,79 @@ def test_curl_over_http2_and_tls_gets_grpc_answers(mtls: ServerProcess, certs: C
                               "--cert", str(certs.client_cert), "--key", str(certs.client_key))
     assert fields.get("grpc-status") == "0", fields
     assert pb.ServerReadyResponse.FromString(reply[5:]).ready is True
+
+
+def test_sigterm_closes_idle_tls_connections_at_once_and_answers_the_busy_one(certs: Certs, tmp_path: Path) -> None:
+    """An idle keep-alive TLS connection (a pooling client, a load balancer) does not hold the exit: it took
+    the whole grace period (25 s) and logged "timeout graceful shutdown exceeded", since asyncio's TLS
+    transport waits for a close_notify such a client never sends (server/transports/rest/closing.py). A
+    request in flight on another TLS connection at SIGTERM is still answered whole."""
+    import http.client
+    import ssl
+    import threading
+
+    repo = tmp_path / "repo"
+    models.put_version(models.slow(1), repo / "s", 1)
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT, *tls_flags(certs),
+                          "--grace-period", "25", "--metrics-enable"])
+    wait_https(proc, certs)
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    context.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+
+    def connection() -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(HOST, proc.rest_port, context=context, timeout=60)
+
+    idle = connection()
+    idle.request("GET", "/v2/health/live")
+    assert idle.getresponse().read() is not None
+    x = np.random.default_rng(7).standard_normal((2048, models.SLOW_K)).astype(np.float32)  # about a second
+    raw = x.tobytes()
+    header = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(raw)}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    answer: dict[str, Any] = {}
+
+    def busy() -> None:
+        conn = connection()
+        try:
+            conn.request("POST", "/v2/models/s/infer", header + raw, headers={
+                "Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+            resp = conn.getresponse()
+            answer["status"], answer["body"] = resp.status, resp.read()
+            answer["header"] = resp.getheader("Inference-Header-Content-Length")
+        except Exception as exc:  # the finding, asserted below
+            answer["error"] = repr(exc)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=busy)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not _rest_in_flight(proc, certs):  # the request is the server's: refusing it now would be wrong
+            assert time.monotonic() < deadline, "the inference never started"
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.proc.wait(30) == 0, proc.log[-3000:]
+        took = time.monotonic() - started
+        thread.join(30)
+    finally:
+        idle.close()
+        proc.stop()
+    assert answer.get("status") == 200, answer.get("error") or answer
+    n = int(answer["header"])
+    np.testing.assert_array_equal(np.frombuffer(answer["body"][n:], np.float32).reshape(x.shape),
+                                  models.slow_expected(x, 1))
+    assert took < 10, f"{took:.1f} s to exit with an idle TLS connection open (grace 25 s)"
+    assert "timeout graceful shutdown exceeded" not in proc.log, proc.log[-3000:]
+
+
+def _rest_in_flight(proc: ServerProcess, certs: Certs) -> int:
+    """ovserve_requests_in_flight{listener="rest"} less this scrape itself."""
+    text = requests.get(f"https://{HOST}:{proc.rest_port}/metrics", verify=str(certs.ca),
+                        cert=(str(certs.client_cert), str(certs.client_key)), timeout=5).text
+    for line in text.splitlines():
+        if line.startswith('ovserve_requests_in_flight{listener="rest"}'):
+            return int(float(line.split()[-1])) - 1
+    return 0

@@ -92,7 +92,3 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         ]))
         self.transport.close()
 
-
-def head_limited(max_header_bytes: int) -> type[HeadLimitedProtocol]:
-    """The protocol class for one server's cap (uvicorn instantiates the class it is given)."""
-    return type("HeadLimitedProtocol", (HeadLimitedProtocol,), {"max_header_bytes": max_header_bytes})

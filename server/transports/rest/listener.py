@@ -20,7 +20,8 @@ from ...dataplane import DataPlane
 from ...gate import OPEN_GATE, Gate
 from ...tls import ServerTls
 from .app import create_app
-from .head_limit import head_limited
+from .closing import ClosesIdlePromptly
+from .head_limit import HeadLimitedProtocol
 
 
 def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
@@ -36,6 +37,12 @@ def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _protocol(max_header_bytes: int) -> type[HeadLimitedProtocol]:
+    """The HTTP protocol class of one listener (uvicorn instantiates the class it is given): httptools', its
+    head capped (head_limit.py), its idle connections closed at once at shutdown (closing.py)."""
+    return type("RestProtocol", (ClosesIdlePromptly, HeadLimitedProtocol), {"max_header_bytes": max_header_bytes})
 
 
 class _Uvicorn(uvicorn.Server):
@@ -74,7 +81,7 @@ class RestListener:
         assert self._sock is not None
         tls = self._tls
         self._server = _Uvicorn(uvicorn.Config(
-            self.app, http=head_limited(self.max_header_bytes), ws="none", lifespan="off", access_log=False,
+            self.app, http=_protocol(self.max_header_bytes), ws="none", lifespan="off", access_log=False,
             log_config=None, timeout_keep_alive=75,
             ssl_context_factory=None if tls is None else lambda config, default: tls.ssl_context(),
         ))
