@@ -154,8 +154,10 @@ class ControlPlane:
         self._wait_ready(timeout)
 
     def stop(self) -> None:
+        """The whole control plane at once: its state is thrown away with the module, so nothing is owed a
+        graceful exit (a kube-apiserver whose etcd went first waited out _end's 15 s)."""
         for name in reversed(list(self.procs)):
-            _end(self.procs.pop(name))
+            _end(self.procs.pop(name), kill=True)
 
 
 def _end(proc: subprocess.Popen, kill: bool = False) -> None:
