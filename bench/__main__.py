@@ -81,7 +81,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.out is None and not args.smoke:  # a smoke run's seconds-long numbers are no result to keep
         args.out = RESULTS
     if args.smoke:
-        args.duration, args.warmup, args.concurrency = min(args.duration, 1.5), 0.3, "1"
+        args.duration, args.warmup, args.concurrency = min(args.duration, 0.5), 0.2, "1"
         args.no_peer, args.wait_quiet = True, 0
         args.models = ",".join(m for m in args.models.split(",") if m != "mobilenet_v2")
     return args

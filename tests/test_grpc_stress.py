@@ -37,6 +37,11 @@ from .models import SLOW_K, put_version, slow, slow_expected
 from .servers import EXACT, ServerProcess
 
 ENGINES = ["grpcio", "native", "loop"]
+#: the two longest tests (SIGTERM under load, cancellations mid-inference): the default and the loop engine,
+#: whose drain is ovserve's own. The native engine shares that drain (listener.py), and its shutdown under
+#: calls in flight has a test of its own (test_grpc_engines: test_native_shutdown_finishes_calls_in_flight_
+#: and_refuses_new_ones); running both here for it too cost ~55 s of every suite run
+LONG_ENGINES = ["grpcio", "loop"]
 #: one connection per channel, so that closing a channel closes its connection (grpcio's channels
 #: otherwise share subchannels, and connections, process-wide); replies of any size
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1)]
@@ -94,7 +99,7 @@ def start(start_server: Any, repo: Path, engine: str, *args: str) -> ServerProce
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", LONG_ENGINES)
 def test_sigterm_under_load_answers_every_accepted_call_whole(start_server: Any, repo: Path, engine: str,
                                                               tmp_path: Path) -> None:
     """16 closed loops of small calls and 3 of 4 MB replies when SIGTERM lands: each call answers
@@ -166,7 +171,7 @@ def test_sigterm_under_load_answers_every_accepted_call_whole(start_server: Any,
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", LONG_ENGINES)
 def test_cancelled_and_timed_out_calls_leave_the_model_serving(start_server: Any, repo: Path, engine: str) -> None:
     """With one infer request for the slow model, calls cancelled by their client or past their
     deadline mid-inference neither keep it nor disturb a bystander's calls; the next calls are right."""
