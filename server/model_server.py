@@ -163,10 +163,10 @@ class ModelServer(DataPlane):
             feed, images = check_inputs(request, model)
             wanted = check_outputs(request, model)
             if images:
-                started = time.perf_counter()
+                decoding = time.perf_counter()
                 await self._decode(feed, images)
                 if model.metrics is not None:
-                    model.metrics.decoded(time.perf_counter() - started)
+                    model.metrics.decoded(time.perf_counter() - decoding)
             # only what the request asks for is read (a string output's elements cost microseconds each)
             results = await model.infer(feed, [port for port, _ in wanted] if request.outputs else None)
         except BaseException:  # a cancelled request too: it was not answered
