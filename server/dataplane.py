@@ -27,6 +27,7 @@ from .types import (
     Registration,
     Scaling,
     ServerMetadata,
+    VersionStatistics,
     VersionStatus,
 )
 
@@ -89,6 +90,12 @@ class DataPlane(abc.ABC):
         self.model_ready(request.model_name)  # NotFound for an unknown model first
         raise Unsupported(f"model {request.model_name!r} has no explainer configured; "
                           "run an explainer component for :explain")
+
+    # -- the statistics extension (Triton's) ---------------------------------
+    def model_statistics(self, name: str = "", version: str = "") -> list[VersionStatistics]:
+        """Each version's cumulative statistics: every model's ("" name), every version of ``name`` ("" version),
+        or one; NotFound for an unknown model or version."""
+        raise Unsupported(f"{self.server_metadata().name} keeps no inference statistics")
 
     # -- the model repository extension -------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:

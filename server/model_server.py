@@ -18,12 +18,13 @@ from ovserve.common.codecs.tensors import encoding_parameters
 
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
-from .errors import FailedPrecondition, InvalidInput, ServerError, Unavailable
+from .errors import FailedPrecondition, InvalidInput, NotFound, ServerError, Unavailable
 from .handoff import Handoff
 from .repository.manager import ModelManager, ModelVersion
 from .repository.states import State
 from .runtime.memory import release_free_memory
 from .runtime.openvino import LoadOptions, OpenVINOModel
+from .runtime.statistics import InferenceStatistics
 from .torchserve.registry import HandlerRegistry, Store, WorkerPolicy
 from .types import (
     Headers,
@@ -36,6 +37,7 @@ from .types import (
     Scaling,
     ServerMetadata,
     Tensor,
+    VersionStatistics,
     VersionStatus,
 )
 from .version import __version__
@@ -47,7 +49,7 @@ log = logging.getLogger("ovserve")
 
 SERVER_NAME = "ovserve"
 #: Protocol extensions ovserve really implements (reported by server metadata).
-EXTENSIONS = ("model_repository", "binary_tensor_data", "parameters")
+EXTENSIONS = ("model_repository", "binary_tensor_data", "parameters", "statistics")
 PLATFORM = "OpenVINO"
 #: the platform of a version its TorchServe handler serves alone (its archive holds no OpenVINO model)
 HANDLER_PLATFORM = "torchserve_handler"
@@ -68,10 +70,13 @@ class ModelServer(DataPlane):
         super().__init__()
         self.manager = manager
         self.metrics = metrics
+        #: each model version's statistics, by name and version label: made when the version first becomes
+        #: AVAILABLE and kept for the life of the process, as its metric series are
+        self.statistics: dict[str, dict[str, InferenceStatistics]] = {}
+        manager.on_state = self._state_changed
         if metrics is not None:
             metrics.resolve = self._serving_label
             metrics.collect("ovserve_model_version_state", self._version_states)
-            manager.on_state = self._state_changed
         #: TorchServe's handlers and model management, over the same models
         self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work,
                                         registered_defaults=registered_defaults, policy=ts_policy)
@@ -145,34 +150,60 @@ class ModelServer(DataPlane):
 
     # -- inference --------------------------------------------------------
     async def infer(self, request: InferRequest, headers: Headers | None = None) -> InferResponse:
-        mv = self.manager.acquire(request.model_name, request.model_version)
+        started = time.perf_counter()
+        mv = self.manager.acquire(request.model_name, request.model_version)  # unknown: in no statistics
+        stats = None
         try:
             if mv.handler_only:
                 raise served_by_handler(mv)
             model = mv.model
             assert model is not None
             assert mv.status.state is State.AVAILABLE
+            stats = model.stats
             feed, images = check_inputs(request, model)
             wanted = check_outputs(request, model)
             if images:
-                started = time.perf_counter()
+                decoding = time.perf_counter()
                 await self._decode(feed, images)
                 if model.metrics is not None:
-                    model.metrics.decoded(time.perf_counter() - started)
+                    model.metrics.decoded(time.perf_counter() - decoding)
             # only what the request asks for is read (a string output's elements cost microseconds each)
             results = await model.infer(feed, [port for port, _ in wanted] if request.outputs else None)
+        except BaseException:  # a cancelled request too: it was not answered
+            if stats is not None:
+                stats.failed(started, time.perf_counter())
+            raise
         finally:
             self.manager.release(mv)
         outputs = []
         for port, params in wanted:
             arr = results[port.name]
             outputs.append(Tensor(port.name, port.datatype, tuple(arr.shape), arr, params))
-        return InferResponse(
+        response = InferResponse(
             model_name=request.model_name,
             model_version=self.manager.label(request.model_name, mv.version),
             outputs=outputs,
             id=request.id,
         )
+        assert stats is not None
+        stats.answered(started, time.perf_counter())
+        return response
+
+    # -- the statistics extension --------------------------------------------
+    def model_statistics(self, name: str = "", version: str = "") -> list[VersionStatistics]:
+        """The versions that have been AVAILABLE (a retired one keeps its totals, as its metrics do)."""
+        if not name:
+            return [s.snapshot(n, v) for n in sorted(self.manager.models)
+                    for v, s in _by_version(self.statistics.get(n, {}))]
+        self.manager.served(name)  # NotFound for an unknown model
+        versions = self.statistics.get(name, {})
+        if not version:
+            return [s.snapshot(name, v) for v, s in _by_version(versions)]
+        stats = versions.get(version)
+        if stats is None:
+            raise NotFound(f"model {name!r} has no version {version!r} that has served "
+                           f"(versions {[v for v, _ in _by_version(versions)]})")
+        return [stats.snapshot(name, version)]
 
     # -- the model repository extension ---------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
@@ -214,20 +245,29 @@ class ModelServer(DataPlane):
             self.metrics.changed(name)
         return answer
 
-    # -- metrics (only while they are on) --------------------------------------------------------
+    # -- statistics, and metrics (only while they are on) -----------------------------------------
     def _state_changed(self, mv: ModelVersion) -> None:
-        """A version's state changed: it gets its series once AVAILABLE (its gauges read it while it is
-        loaded), and requests without a version are resolved afresh."""
-        metrics = self.metrics
-        assert metrics is not None
-        metrics.changed(mv.name)
+        """A version's state changed: once AVAILABLE, its model gets the version's statistics and, with
+        metrics on, its series (its gauges read it while it is loaded); requests without a version are
+        resolved afresh."""
         state, model = mv.status.state, mv.model
+        metrics = self.metrics
         if state is State.AVAILABLE and model is not None:
-            series = metrics.version(mv.name, self.manager.label(mv.name, mv.version))
-            series.live = lambda: (mv.inflight, model.streams, model.nireq, model.active())
-            series.owner = mv
-            model.metrics = series
-        elif state is State.END:
+            label = self.manager.label(mv.name, mv.version)
+            versions = self.statistics.setdefault(mv.name, {})
+            stats = versions.get(label)
+            if stats is None:
+                stats = versions[label] = InferenceStatistics()
+            model.stats = stats
+            if metrics is not None:
+                series = metrics.version(mv.name, label)
+                series.live = lambda: (mv.inflight, model.streams, model.nireq, model.active())
+                series.owner = mv
+                model.metrics = stats.series = series
+        if metrics is None:
+            return
+        metrics.changed(mv.name)
+        if state is State.END:
             for series in metrics.versions_of(mv.name):
                 if series.owner is mv:  # not a reloaded twin that took over the same version
                     series.live = series.owner = None
@@ -251,6 +291,11 @@ class ModelServer(DataPlane):
                 decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
                 port.dims, port.layout, V2_TO_NUMPY[port.datatype], self._decoders,
             )
+
+
+def _by_version(versions: dict[str, InferenceStatistics]) -> list[tuple[str, InferenceStatistics]]:
+    """``versions`` in order: numbers as numbers, then registered labels."""
+    return sorted(versions.items(), key=lambda item: (not item[0].isdigit(), len(item[0]), item[0]))
 
 
 def _serving(mv: ModelVersion) -> bool:

@@ -30,7 +30,7 @@ Headers = Mapping[str, str]
 
 __all__ = ["Parameters", "Headers", "Tensor", "RequestedOutput", "InferRequest", "InferResponse", "TensorSpec",
            "ModelMetadata", "Dim", "PortInfo", "ServerMetadata", "VersionStatus", "IndexEntry", "Explanation",
-           "Registration", "Scaling"]
+           "Registration", "Scaling", "Duration", "BatchStatistics", "VersionStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,3 +144,43 @@ class Scaling:
     max_worker: int = 0
     synchronous: bool = False
     timeout: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    """How many times something happened, and its time summed in nanoseconds (Triton's StatisticDuration)."""
+
+    count: int = 0
+    ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatistics:
+    """The executions of one batch size: ``count`` of them in each duration."""
+
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStatistics:
+    """One model version's cumulative statistics (the V2 statistics extension, Triton's fields)."""
+
+    name: str
+    version: str
+    #: milliseconds since the epoch at the end of the last request (0: none yet)
+    last_inference: int
+    inference_count: int
+    execution_count: int
+    success: Duration
+    fail: Duration
+    queue: Duration
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+    batch_stats: tuple[BatchStatistics, ...] = ()
+    #: ovserve has no response cache: always zero
+    cache_hit: Duration = Duration()
+    cache_miss: Duration = Duration()

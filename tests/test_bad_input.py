@@ -413,6 +413,9 @@ REST_OTHER_CASES = [
     pytest.param("GET", "/v2/models/nope/ready", None, 404, "'nope'", id="ready-unknown-model"),
     pytest.param("GET", "/v2/models/add/versions/abc/ready", None, 400, ("version", "'abc'"),
                  id="ready-version-not-an-integer"),
+    pytest.param("GET", "/v2/models/nope/stats", None, 404, "'nope'", id="statistics-unknown-model"),
+    pytest.param("GET", "/v2/models/add/versions/9/stats", None, 404, ("'add'", "'9'"),
+                 id="statistics-unknown-version"),
     pytest.param("GET", "/v1/models/nope", None, 404, "'nope'", id="v1-status-unknown-model"),
     pytest.param("POST", "/v2/repository/index", b"{oops", 400, "not valid JSON", id="repository-index-garbage"),
     pytest.param("POST", "/v2/repository/models/nope/load", None, 404, "'nope'", id="repository-load-unknown"),
@@ -710,6 +713,10 @@ GRPC_OTHER_CASES = [
                  "'nope'", id="repository-load-unknown"),
     pytest.param("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="nope"),
                  grpc.StatusCode.NOT_FOUND, "'nope'", id="repository-unload-unknown"),
+    pytest.param("ModelStatistics", pb.ModelStatisticsRequest(name="nope"), grpc.StatusCode.NOT_FOUND, "'nope'",
+                 id="statistics-unknown-model"),
+    pytest.param("ModelStatistics", pb.ModelStatisticsRequest(name="add", version="9"), grpc.StatusCode.NOT_FOUND,
+                 ("'add'", "'9'"), id="statistics-unknown-version"),
 ]
 
 

@@ -32,7 +32,7 @@ def test_server_metadata(server, mod) -> None:
     md = client.get_server_metadata(as_json=True) if mod is tgrpc else client.get_server_metadata()
     assert md["name"] == "ovserve"
     assert md["version"] == __version__
-    assert set(md["extensions"]) == {"model_repository", "binary_tensor_data", "parameters"}
+    assert set(md["extensions"]) == {"model_repository", "binary_tensor_data", "parameters", "statistics"}
 
 
 def test_rest_model_list(server) -> None:

@@ -270,6 +270,9 @@ def _kserve_calls(kserve: Any) -> dict[str, Callable[[], Any]]:
             model_name=LONG)),
         "RepositoryModelUnload": lambda: kserve.RepositoryModelUnload(kserve_pb.RepositoryModelUnloadRequest(
             model_name=LONG)),
+        "ModelStatistics": lambda: kserve.ModelStatistics(kserve_pb.ModelStatisticsRequest(name=LONG)),
+        "ModelStatistics version": lambda: kserve.ModelStatistics(kserve_pb.ModelStatisticsRequest(
+            name="add", version=LONG)),
     }
 
 
@@ -292,6 +295,8 @@ BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0
     ("POST", f"/v2/models/add/versions/{LONG}/infer"),
     ("GET", f"/v2/models/{LONG}"),
     ("GET", f"/v2/models/{LONG}/ready"),
+    ("GET", f"/v2/models/{LONG}/stats"),
+    ("GET", f"/v2/models/add/versions/{LONG}/stats"),
     ("POST", f"/v1/models/{LONG}:predict"),
     ("POST", f"/v2/repository/models/{LONG}/load"),
     ("GET", f"/v2/models/{LONG}/no-such-route"),  # no route: the path is quoted, and cut

@@ -60,6 +60,7 @@ from ..types import (
     RequestedOutput,
     ServerMetadata,
     Tensor,
+    VersionStatistics,
     VersionStatus,
 )
 from ..version import __version__
@@ -293,6 +294,14 @@ class TransformerDataPlane(DataPlane):
 
     async def unload_model(self, name: str) -> None:
         await self.load_model(name)
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[VersionStatistics]:
+        """Not forwarded: the predictor's statistics count the predictor's own requests (this transformer's
+        and any other client's): forwarded, they would pass the predictor's off as this component's; ask it."""
+        if name:
+            self.check_name(name)
+        raise Unsupported(f"{self.server_metadata().name} runs no model and keeps no inference statistics; "
+                          "ask its predictor (GET /v2/models/stats, gRPC ModelStatistics)")
 
     # -- inference -----------------------------------------------------------
     async def _stage(self, stage: str, fn: Any, arg: Any, headers: Headers) -> Any:

@@ -11,8 +11,9 @@ The hooks, each a few dictionary look-ups and attribute updates on the event loo
   decorators, the REST routes' wrapper), with the version the client asked for ("" = the
   version serving it, resolved through the data plane once and cached until a version of that
   model changes state: :meth:`Metrics.changed`);
-- :class:`VersionSeries`' ``inferred``, ``waited``, ``batched``, ``decoded``, ``handled``, called
-  by the runtime, the batcher, the model server and the TorchServe workers.
+- :class:`VersionSeries`' ``inferred_us``, ``waited_us`` (through the runtime's statistics, which count
+  the same times), ``batched``, ``decoded``, ``handled``, called by the runtime, the batcher, the model
+  server and the TorchServe workers.
 """
 from __future__ import annotations
 
@@ -56,17 +57,25 @@ class VersionSeries:
         #: ... and the data plane's own record of which loaded version that is
         self.owner: object = None
 
-    def inferred(self, seconds: float) -> None:
-        """One inference ran for ``seconds`` (ovms_inference_time_us)."""
+    def inferred_us(self, us: int) -> None:
+        """One inference ran for ``us`` microseconds (ovms_inference_time_us); the runtime's statistics
+        (runtime/statistics.py) call it with the time they count, so both say the same."""
         h = self.inference
         if h is not None:
-            h.observe(int(seconds * 1_000_000))
+            h.observe(us)
 
-    def waited(self, seconds: float) -> None:
-        """A request waited ``seconds`` for an infer request (ovms_wait_for_infer_req_time_us)."""
+    def waited_us(self, us: int) -> None:
+        """A request waited ``us`` microseconds for an infer request (ovms_wait_for_infer_req_time_us), as
+        the statistics' ``queue`` counts it."""
         h = self.wait
         if h is not None:
-            h.observe(int(seconds * 1_000_000))
+            h.observe(us)
+
+    def inferred(self, seconds: float) -> None:
+        self.inferred_us(int(seconds * 1_000_000))
+
+    def waited(self, seconds: float) -> None:
+        self.waited_us(int(seconds * 1_000_000))
 
     def batched(self, rows: int) -> None:
         h = self.batch_rows

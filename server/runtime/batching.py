@@ -166,11 +166,12 @@ class DynamicBatcher:
     async def _run(self, slot: _Slot, batch: list[_Pending]) -> None:
         self.batches += 1
         self.requests += len(batch)
+        stats = self.model.stats  # each member waited from its arrival until its batch got an infer request
+        now = time.perf_counter()
+        for p in batch:
+            stats.waited(now - p.arrived)
         series = self.model.metrics
-        if series is not None:  # each member waited from its arrival until its batch got an infer request
-            now = time.perf_counter()
-            for p in batch:
-                series.waited(now - p.arrived)
+        if series is not None:
             series.batched(sum(p.rows for p in batch))
         if len(batch) == 1:
             await _answer(batch[0], self.model.run_on(slot, batch[0].inputs))
@@ -178,7 +179,7 @@ class DynamicBatcher:
         try:
             names = list(batch[0].inputs)
             joined = {n: np.concatenate([p.inputs[n] for p in batch]) for n in names}
-            outputs = await self.model.run_on(slot, joined, log_failure=False)
+            outputs = await self.model.run_on(slot, joined, log_failure=False, members=len(batch))
         except Exception as exc:
             # Which member was at fault is unknown: each runs again on its own and gets its
             # own answer (a member that fails alone is logged then, once).

@@ -30,6 +30,7 @@ from . import measure, threadstate, untuned
 from .failures import inference_error
 from .shapecheck import ShapeCheck
 from .shedding import refusal
+from .statistics import InferenceStatistics
 
 if TYPE_CHECKING:  # imported when a model batches (see load)
     from ..metrics.registry import VersionSeries
@@ -240,14 +241,19 @@ RECOMPILE_EVERY_COMPILES = 10.0
 class _Slot:
     """One ``ov.InferRequest`` and the request it is serving."""
 
-    __slots__ = ("check_at", "failed", "future", "generation", "keep", "log_failure", "read", "request",
-                 "stall_logged", "started")
+    __slots__ = ("check_at", "failed", "fed", "future", "generation", "keep", "log_failure", "members", "read",
+                 "request", "rows", "stall_logged", "started")
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
         #: set while an asynchronous inference runs on this request
         self.future: asyncio.Future[dict[str, np.ndarray]] | None = None
         self.started = 0.0
+        #: for the statistics: when the inputs began to be bound (time.perf_counter()), the running
+        #: inference's batch size, and how many requests it serves (a dynamic batch's members)
+        self.fed = 0.0
+        self.rows = 1
+        self.members = 1
         #: the arrays OpenVINO reads in place: alive until the request is done with them,
         #: even if the caller has gone away (an ov.Tensor does not keep its array alive)
         self.keep: list[np.ndarray] | None = None
@@ -378,6 +384,9 @@ class OpenVINOModel:
         self.shape_check: ShapeCheck | None = None
         #: this version's metric series while metrics are on (set by the data plane once it is AVAILABLE)
         self.metrics: VersionSeries | None = None
+        #: this version's statistics (the data plane gives it the version's own, kept across reloads, once it
+        #: is AVAILABLE); they hand the wait and inference times to the metric series too
+        self.stats = InferenceStatistics()
 
     # -- loading (blocking; the repository runs it in a worker thread) -----
     def load(self) -> None:
@@ -571,12 +580,13 @@ class OpenVINOModel:
                   outputs: Sequence[PortInfo] | None = None) -> dict[str, np.ndarray]:
         """One inference exactly as given, on one infer request; ``outputs``: only those are read (a string
         output costs microseconds per element to read)."""
-        series = self.metrics
-        if series is None:
-            return await self.run_on(await self.acquire(), inputs, outputs=outputs)
-        started = time.perf_counter()
-        slot = await self.acquire()
-        series.waited(time.perf_counter() - started)
+        if self._idle and self._recompiling is None:  # an idle infer request: no wait (as acquire)
+            slot = self._idle.popleft()
+            self.stats.waited(0.0)
+        else:
+            started = time.perf_counter()
+            slot = await self._wait_idle()
+            self.stats.waited(time.perf_counter() - started)
         return await self.run_on(slot, inputs, outputs=outputs)
 
     def active(self) -> int:
@@ -588,10 +598,17 @@ class OpenVINOModel:
         return self._idle.popleft() if self._idle and self._recompiling is None else await self._wait_idle()
 
     async def run_on(self, slot: _Slot, inputs: dict[str, np.ndarray], log_failure: bool = True,
-                     outputs: Sequence[PortInfo] | None = None) -> dict[str, np.ndarray]:
-        """Run ``inputs`` on an acquired infer request; the request goes back to the pool."""
+                     outputs: Sequence[PortInfo] | None = None, members: int = 1) -> dict[str, np.ndarray]:
+        """Run ``inputs`` on an acquired infer request; the request goes back to the pool. ``members``: the
+        requests it serves (a dynamic batch's), for the statistics."""
         slot.log_failure = log_failure
         slot.read = outputs
+        slot.members = members
+        if self.batcher is None:  # the batch size the statistics say: dimension 0 only where the model batches
+            slot.rows = 1
+        else:
+            first = next(iter(inputs.values()), None)
+            slot.rows = int(first.shape[0]) if first is not None and first.ndim else 1
         inline = self._runs_inline()
         expect: dict[str, tuple[int, ...]] | None = None
         check = self.shape_check
@@ -611,6 +628,7 @@ class OpenVINOModel:
                 raise refused
             expect = verdict.outputs
             inline = expect is not None  # outputs that depend on values: asynchronously, where failures raise
+        slot.fed = time.perf_counter()
         try:
             self._feed(slot, inputs)
         except BaseException:
@@ -708,6 +726,8 @@ class OpenVINOModel:
                     log.error("%s: OpenVINO answered outputs of shapes %s where the model computes %s", self.path,
                               wrong, {name: expect[name] for name in wrong})
                     raise InternalError("inference failed: the outputs do not have the shapes the model computes")
+            self.stats.executed(slot.rows, slot.members, started - slot.fed, wall,
+                                time.perf_counter() - started - wall)
             return result
         finally:
             slot.keep = None
@@ -718,12 +738,15 @@ class OpenVINOModel:
         fut, slot.future = slot.future, None
         slot.keep = None
         self._measured(finished - slot.started)
+        reading = time.perf_counter()
         try:
             outputs = self._read_outputs(slot)
         except ServerError as exc:
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
         else:
+            self.stats.executed(slot.rows, slot.members, slot.started - slot.fed, finished - slot.started,
+                                time.perf_counter() - reading)
             if fut is not None and not fut.done():
                 fut.set_result(outputs)
         self.release(slot)
@@ -856,9 +879,6 @@ class OpenVINOModel:
             runs = self._inline_runs
             runs.append(inline)
             self.inline_cost = sorted(runs)[min(1, len(runs) - 1)]
-        series = self.metrics
-        if series is not None:
-            series.inferred(seconds)
 
     def _read_outputs(self, slot: _Slot) -> dict[str, np.ndarray]:
         req = slot.request

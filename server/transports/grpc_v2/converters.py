@@ -9,7 +9,15 @@ from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto.fields import CONTENTS_FIELD, extend_typed, params_from_pb, params_to_pb, typed_array
 
 from ...errors import InvalidInput
-from ...types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
+from ...types import (
+    Duration,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    Tensor,
+    VersionStatistics,
+)
 
 
 def request_from_pb(msg: pb.ModelInferRequest) -> InferRequest:
@@ -80,4 +88,28 @@ def metadata_to_pb(md: ModelMetadata) -> pb.ModelMetadataResponse:
         resp.inputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
     for spec in md.outputs:
         resp.outputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
+    return resp
+
+
+def _duration(d: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+
+def statistics_to_pb(stats: list[VersionStatistics]) -> pb.ModelStatisticsResponse:
+    """Triton's ModelStatisticsResponse (cache_hit and cache_miss at zero: there is no response cache)."""
+    resp = pb.ModelStatisticsResponse()
+    for s in stats:
+        resp.model_stats.append(pb.ModelStatistics(
+            name=s.name, version=s.version, last_inference=s.last_inference, inference_count=s.inference_count,
+            execution_count=s.execution_count,
+            inference_stats=pb.InferStatistics(
+                success=_duration(s.success), fail=_duration(s.fail), queue=_duration(s.queue),
+                compute_input=_duration(s.compute_input), compute_infer=_duration(s.compute_infer),
+                compute_output=_duration(s.compute_output), cache_hit=_duration(s.cache_hit),
+                cache_miss=_duration(s.cache_miss)),
+            batch_stats=[pb.InferBatchStatistics(
+                batch_size=b.batch_size, compute_input=_duration(b.compute_input),
+                compute_infer=_duration(b.compute_infer), compute_output=_duration(b.compute_output))
+                for b in s.batch_stats],
+        ))
     return resp

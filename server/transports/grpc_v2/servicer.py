@@ -1,6 +1,7 @@
 """The KServe V2 ``inference.GRPCInferenceService`` servicer, over the data plane.
 
-Errors are mapped by the shared decorators of :mod:`..grpc.calls`; ModelStreamInfer
+ModelStatistics is Triton's statistics extension. Errors are mapped by the shared decorators of
+:mod:`..grpc.calls`; ModelStreamInfer
 answers a failed message in-band (``error_message``, as Triton and OVMS do) and
 keeps the stream open.
 """
@@ -110,6 +111,11 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         finally:
             feeder.cancel()
             self.in_flight.leave()
+
+    @unary
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: Any) -> pb.ModelStatisticsResponse:
+        return converters.statistics_to_pb(self.dp.model_statistics(request.name, request.version))
 
     @unary
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:

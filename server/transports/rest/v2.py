@@ -1,4 +1,4 @@
-"""KServe V2 REST endpoints (health, metadata, infer, explain, repository extension)."""
+"""KServe V2 REST endpoints (health, metadata, infer, explain, repository and statistics extensions)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...types import InferRequest, InferResponse
+from ...types import Duration, InferRequest, InferResponse, VersionStatistics
 from .codec import HEADER, decode_headerless, decode_infer_request, encode_infer_response, parse_json
 from .explain import explanation_response, v2_explanation
 from .http import dataplane, json_response, read_body
@@ -112,6 +112,40 @@ async def repository_unload(request: Request) -> Response:
     return json_response({})
 
 
+def _duration(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def statistics_document(stats: list[VersionStatistics]) -> dict[str, Any]:
+    """Triton's ``{"model_stats": [...]}``: cache_hit and cache_miss at zero (no response cache), and
+    memory_usage and response_stats empty (not kept)."""
+    return {"model_stats": [{
+        "name": s.name,
+        "version": s.version,
+        "last_inference": s.last_inference,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": _duration(s.success), "fail": _duration(s.fail), "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input), "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output), "cache_hit": _duration(s.cache_hit),
+            "cache_miss": _duration(s.cache_miss),
+        },
+        "response_stats": {},
+        "batch_stats": [{
+            "batch_size": b.batch_size, "compute_input": _duration(b.compute_input),
+            "compute_infer": _duration(b.compute_infer), "compute_output": _duration(b.compute_output),
+        } for b in s.batch_stats],
+        "memory_usage": [],
+    } for s in stats]}
+
+
+async def model_statistics(request: Request) -> Response:
+    p = request.path_params
+    stats = dataplane(request).model_statistics(p.get("model", ""), p.get("version", ""))
+    return json_response(statistics_document(stats))
+
+
 M, MV = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
 
 
@@ -127,6 +161,10 @@ def routes() -> list[Route]:
         Route("/v2/health/live", live, methods=["GET"]),
         Route("/v2/health/ready", ready, methods=["GET"]),
         Route("/v2/models", list_models, methods=["GET"]),
+        # before the metadata route, which would take "stats" for a model's name (as Triton's paths do)
+        Route("/v2/models/stats", model_statistics, methods=["GET"]),
+        Route(m + "/stats", model_statistics, methods=["GET"]),
+        Route(mv + "/stats", model_statistics, methods=["GET"]),
         Route(m, model_metadata, methods=["GET"]),
         Route(mv, model_metadata, methods=["GET"]),
         Route(m + "/ready", model_ready, methods=["GET"]),
