@@ -121,7 +121,8 @@ class Server:
 
     async def stop(self) -> None:
         if self.bound:
-            log.info("shutting down: no new requests, %gs for in-flight ones", self.grace_period)
+            log.info("shutting down: no new requests on REST; gRPC says GOAWAY once its calls in flight end; %gs "
+                     "for in-flight ones", self.grace_period)
         await asyncio.gather(*(listener.stop(self.grace_period) for listener, _ in self.listeners),
                              return_exceptions=True)
         await self.dataplane.stop()

@@ -870,9 +870,11 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path, start_server) -> None
     server.wait_log("shutting down", timeout=10)
     wait_until(lambda: refused("127.0.0.1", server.rest_port), "new REST connections to be refused", timeout=5)
     assert len(results) < 4, "the requests finished before the listener closed; make them slower"
+    # gRPC serves on until its calls in flight have ended (then GOAWAY): a late client is answered, not refused
+    # (grpcio's GOAWAY closes a connection as soon as its last call ends, which cut large replies to clients
+    # slow to read: listener.py)
     late = tgrpc.InferenceServerClient(server.grpc_target)
-    with pytest.raises(InferenceServerException):
-        late.is_server_live(client_timeout=2)
+    assert late.is_server_live(client_timeout=5)
     late.close()
     for t in threads:
         t.join(grace)
@@ -906,7 +908,7 @@ def test_after_sigterm_the_drain_delay_serves_new_connections_and_calls_as_usual
     server.proc.send_signal(signal.SIGTERM)  # the second signal: drain now
     assert server.proc.wait(30) == 0
     assert time.monotonic() - started < 30
-    assert "shutting down: no new requests" in server.log and "Traceback" not in server.log
+    assert "shutting down: no new requests on REST" in server.log and "Traceback" not in server.log
     channel.close()
 
 

@@ -60,6 +60,8 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 #: Seconds the last replies get to be written (from the end of their call) before the engine
 #: closes its connections.
 FLUSH_PAUSE = 1.0
+#: At shutdown, grpcio's GOAWAY waits at most this long for the calls in flight to end (new ones are served).
+GOAWAY_WITHIN = 5.0
 #: CPUs per I/O thread of the native engine, and its own default number of them (the most it gets)
 CPUS_PER_NATIVE_IO_THREAD = 4
 NATIVE_IO_THREADS_MAX = 2
@@ -276,20 +278,19 @@ class GrpcListener:
         if self.server is None:  # never bound (another listener could not start)
             return
         if self.engine == "grpcio":
-            # GOAWAY at once: gRPC's C core closes the listening socket, tells every client to open its next
-            # calls elsewhere, refuses at the transport the streams that crossed the GOAWAY (which clients
-            # retry on their own, transparently) and lets the calls in flight finish within the grace. Refusing
-            # calls UNAVAILABLE first, on connections nobody had told to move, failed every call a client sent
-            # on its long-lived channel in that second (a rolling update in a cluster: issue 35).
-            # The stop returns once the last call has ended; the process may exit right after it, closing
-            # sockets whose last replies are still on their way (a client that is slow to read then sees
-            # its connection reset, and loses an answer it was owed: seen once in CI, a 2 MB reply). So
-            # the listener stays a moment longer when a call ended within the last FLUSH_PAUSE.
+            # No call refused: until the GOAWAY, new calls are served as usual. Refusing them UNAVAILABLE, on
+            # connections nobody had told to move, failed every call a client sent on its long-lived channel
+            # in that second (a rolling update in a cluster: issue 35). But the GOAWAY waits for the calls in
+            # flight to end and their replies to go out: gRPC's C core closes a connection as soon as its last
+            # call after the GOAWAY has ended, and a client still reading a large reply then got a reset and
+            # lost it ("Stream removed ... Connection reset by peer"; 2 MB replies, 1 run in 10 under load).
+            # Past GOAWAY_WITHIN (or half the grace) the GOAWAY goes anyway, and the calls then in flight get
+            # what is left of the grace.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace
             await self.health.enter_graceful_shutdown()
-            await self.server.stop(grace)
-            await asyncio.sleep(max(0.0, min(self.in_flight.last_done + FLUSH_PAUSE, deadline) - loop.time()))
+            await self._drain(min(GOAWAY_WITHIN, grace / 2))
+            await self.server.stop(max(0.0, deadline - loop.time()))
             return
         self.in_flight.closing = True  # from now on, before anything else awaits
         await self.health.enter_graceful_shutdown()
@@ -297,10 +298,11 @@ class GrpcListener:
         await self.server.stop(grace)
 
     async def _drain(self, grace: float) -> float:
-        """The experimental engines close their connections as soon as the handlers have returned,
-        which cuts a reply still being written (pygrpc-native's with 4 MB replies). So ovserve waits
-        for the calls in flight (new ones are refused UNAVAILABLE) and gives the last replies a moment
-        to go out before the engine's stop. Returns what is left of the grace period."""
+        """Every engine closes a connection once its calls have ended after the stop, which can cut a reply
+        still being written (pygrpc-native's 4 MB replies; grpcio's 2 MB ones to a client slow to read). So
+        ovserve waits up to ``grace`` for the calls in flight (the experimental engines refuse new ones
+        meanwhile; grpcio serves them) and gives the last replies a moment to go out before the engine's
+        stop. Returns what is left of ``grace``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         if await self.in_flight.wait_idle(grace):
