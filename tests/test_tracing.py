@@ -8,8 +8,12 @@ size, status), the client's trace and sampled flag followed, a transformer's tra
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,7 +95,7 @@ def servers(repo: Path, receiver: Receiver,
     handlers = tmp_path_factory.mktemp("traced_handlers")
     (handlers / "handlers.py").write_text(HANDLERS)
     predictor = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT,
-                               "--trace-endpoint", receiver.url],
+                               "--ts-inference-port", "0", "--trace-endpoint", receiver.url],
                               env={**FAST_EXPORT, "OTEL_SERVICE_NAME": "predictor"})
     off = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT],
                         env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_TRACES_EXPORTER": "none"})
@@ -203,6 +207,27 @@ def test_an_unsampled_trace_is_not_exported(servers: dict, receiver: Receiver) -
     assert receiver.trace(trace_id, 1, timeout=0) == []
 
 
+def test_torchserve_predictions(servers: dict, receiver: Receiver) -> None:
+    """TorchServe's gRPC listener: the call's span continues the client's trace, and the built-in handler's
+    inference (back through the model server) is its child."""
+    from ovserve.client import TorchServeGRPCClient
+
+    header, trace_id, client_span = traceparent()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [2, 8], "datatype": "FP32",
+                                   "data": X.reshape(-1).tolist()}]})
+
+    async def call() -> bytes:
+        async with TorchServeGRPCClient(f"127.0.0.1:{servers['predictor'].ports['ts-inference']}") as client:
+            return await client.predictions("matmul", {"data": body}, headers={"traceparent": header})
+
+    assert json.loads(asyncio.run(call()))["model_name"] == "matmul"
+    spans = receiver.trace(trace_id, 3)
+    request = one(spans, "org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions")
+    assert request.parent_id == client_span and request.attributes["rpc.grpc.status_code"] == 0
+    assert request.attributes["ovserve.model.name"] == "matmul"
+    check_inference_tree(spans, request)
+
+
 @pytest.mark.parametrize("via", ["via_rest", "via_grpc"])
 def test_one_trace_from_transformer_to_predictor(servers: dict, receiver: Receiver, via: str) -> None:
     """The transformer's span is the parent of the predictor's: its predictor client carried the context
@@ -245,3 +270,27 @@ def test_tracing_off_exports_nothing(servers: dict, receiver: Receiver) -> None:
     assert "tracing on" in servers["predictor"].output.text
     assert receiver.requests > before and set(receiver.paths) == {"/v1/traces"}
     assert os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") is None  # the test process's own is untouched
+
+
+def test_tracing_off_imports_nothing_of_opentelemetry(repo: Path, receiver: Receiver) -> None:
+    """Off, a built server (its listeners' apps made) has not imported OpenTelemetry: the hooks read one
+    module flag; on, the SDK is loaded and the REST app has its middleware."""
+    script = (
+        "import asyncio, sys\n"
+        "from ovserve.server import cli\n"
+        "from ovserve.server.serve import build\n"
+        f"argv = ['serve', '--model-repository', {str(repo)!r}]\n"
+        "async def main():\n"
+        f"    for extra in ([], ['--trace-endpoint', {receiver.url!r}]):\n"
+        "        server = build(cli.settings_from_args(cli.build_parser().parse_args(argv + extra)))\n"
+        "        rest = server.listeners[0][0]\n"
+        "        print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('opentelemetry')}),\n"
+        "              [m.cls.__name__ for m in rest.app.user_middleware])\n"
+        "asyncio.run(main())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    off, on = done.stdout.splitlines()
+    assert off == "[] ['LastResort']"
+    assert on == "['opentelemetry'] ['TraceMiddleware', 'LastResort']"

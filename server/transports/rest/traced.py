@@ -40,7 +40,8 @@ class TraceMiddleware:
                 await self.app(scope, receive, sending)
             finally:
                 params: dict[str, Any] = scope.get("path_params") or {}  # set by the route that matched
-                span.update_name(f"{method} {_route(scope['path'], params)}")
+                template = getattr(scope.get("route"), "path", None)  # the route that matched (Starlette)
+                span.update_name(f"{method} {template if isinstance(template, str) else _route(scope['path'], params)}")
                 tracing.set_attributes(span, {"http.response.status_code": status or 500,
                                               "ovserve.model.name": params.get("model"),
                                               "ovserve.model.version": params.get("version")})
@@ -49,8 +50,8 @@ class TraceMiddleware:
 
 
 def _route(path: str, params: dict[str, Any]) -> str:
-    """The path with the route's parameters named, not valued (a span name of bounded cardinality):
-    ``/v2/models/{model}/infer``."""
+    """Where Starlette names no route (none matched): the path with the route's parameters named, not
+    valued (a span name of bounded cardinality): ``/v2/models/{model}/infer``."""
     for key in ("version", "model"):
         value = params.get(key)
         if isinstance(value, str) and value:
