@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import secrets
 import subprocess
 import sys
@@ -173,6 +174,27 @@ def test_grpc_request_continues_the_clients_trace(servers: dict, receiver: Recei
     (refused,) = receiver.trace(trace_id, 1)
     assert refused.attributes["rpc.grpc.status"] == "INVALID_ARGUMENT"
     assert refused.attributes["rpc.grpc.status_code"] == 3 and refused.status != ERROR
+
+
+def test_a_stream_is_one_span_with_each_messages_inference_under_it(servers: dict, receiver: Receiver) -> None:
+    header, trace_id, client_span = traceparent()
+    results: queue.Queue = queue.Queue()
+    client = tgrpc.InferenceServerClient(servers["predictor"].grpc_target)
+    client.start_stream(lambda result, error: results.put((result, error)), headers={"traceparent": header})
+    inp = tgrpc.InferInput("x", [2, 8], "FP32")
+    inp.set_data_from_numpy(X)
+    for _ in range(2):
+        client.async_stream_infer("matmul", [inp])
+    for _ in range(2):
+        result, error = results.get(timeout=30)
+        assert error is None and result.as_numpy("y").shape == (2, 4)
+    client.stop_stream()
+    client.close()
+    spans = receiver.trace(trace_id, 5)
+    stream = one(spans, "inference.GRPCInferenceService/ModelStreamInfer")
+    assert stream.parent_id == client_span and stream.attributes["rpc.grpc.status_code"] == 0
+    inferences = [s for s in spans if s.name == "inference"]
+    assert len(inferences) == 2 and all(s.parent_id == stream.span_id for s in inferences)
 
 
 def test_image_decode_span(servers: dict, receiver: Receiver) -> None:

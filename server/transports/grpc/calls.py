@@ -298,8 +298,21 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
 
 
 def bidi(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
-    """A bidirectional stream (it counts itself in flight with :func:`enter`): behind the gate."""
-    return gated_stream(fn, client_streaming=True)
+    """A bidirectional stream (it counts itself in flight with :func:`enter`): behind the gate; with tracing
+    on, the whole stream is one span, each message's inference a child of it."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    def call(self: Servicer, requests: Any, context: Any) -> AsyncIterator[T]:
+        return traced(self, requests, context) if tracing.enabled else fn(self, requests, context)
+
+    async def traced(self: Servicer, requests: Any, context: Any) -> AsyncIterator[T]:
+        with _call_span(self, method, None, context):
+            async for reply in fn(self, requests, context):
+                yield reply
+            tracing.annotate(_OK)
+
+    return gated_stream(call, client_streaming=True)
 
 
 def in_band(exc: Exception, method: str) -> str:
