@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -45,7 +46,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -86,6 +87,16 @@ class Receiver:
             with self._lock:
                 got = [s for s in self.spans if s.trace_id == trace_id]
             if len(got) >= count or time.monotonic() > deadline:
+                return got
+            time.sleep(0.05)
+
+    def until(self, trace_id: str, done: Callable[[list[Span]], bool], timeout: float = 10.0) -> list[Span]:
+        """The spans of ``trace_id`` once ``done`` says they are all there (what arrived by ``timeout``
+        otherwise)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.trace(trace_id, 0, timeout=0)
+            if done(got) or time.monotonic() > deadline:
                 return got
             time.sleep(0.05)
 

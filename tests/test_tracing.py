@@ -15,6 +15,7 @@ import queue
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +29,11 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
+from ovserve.server.child import HOST
+
 from . import models
 from .otlp import Receiver, Span
-from .servers import EXACT, ServerProcess, TransformerProcess
+from .servers import EXACT, ComponentProcess, ServerProcess, TransformerProcess
 
 #: spans leave the servers' batch processors within 0.1 s
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
@@ -89,10 +92,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def servers(repo: Path, receiver: Receiver,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess | TransformerProcess]]:
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ComponentProcess]]:
     """A predictor (--trace-endpoint), a transformer in front of it over V2 REST (--trace-endpoint) and one
-    over gRPC (the OTEL_* variables alone), and a predictor with tracing off whose OTEL_* variables point
-    at the receiver but say no exporter: all started at once."""
+    over gRPC (the OTEL_* variables alone), an explainer (--trace-endpoint), and a predictor with tracing
+    off whose OTEL_* variables point at the receiver but say no exporter: all started at once."""
     handlers = tmp_path_factory.mktemp("traced_handlers")
     (handlers / "handlers.py").write_text(HANDLERS)
     predictor = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT,
@@ -100,7 +103,7 @@ def servers(repo: Path, receiver: Receiver,
                               env={**FAST_EXPORT, "OTEL_SERVICE_NAME": "predictor"})
     off = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT],
                         env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_TRACES_EXPORTER": "none"})
-    procs: dict[str, ServerProcess | TransformerProcess] = {"predictor": predictor, "off": off}
+    procs: dict[str, ComponentProcess] = {"predictor": predictor, "off": off}
     try:
         predictor.wait_ports()
         common = ["--handler", "handlers:Double", "--model_name", "matmul"]
@@ -112,6 +115,10 @@ def servers(repo: Path, receiver: Receiver,
             *common, "--predictor_host", predictor.grpc_target, "--predictor_protocol", "grpc-v2",
             env={"PYTHONPATH": str(handlers), **FAST_EXPORT, "OTEL_SERVICE_NAME": "transformer-grpc",
                  "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
+        procs["explainer"] = ComponentProcess(
+            ["explainer", "--model_name", "matmul", "--predictor_host", f"127.0.0.1:{predictor.rest_port}",
+             "--host", HOST, "--http_port", "0", "--trace-endpoint", receiver.url],
+            env={**FAST_EXPORT, "OTEL_SERVICE_NAME": "explainer"})
         for proc in procs.values():
             proc.wait_ready()
         yield procs
@@ -273,6 +280,22 @@ def test_one_trace_from_transformer_to_predictor(servers: dict, receiver: Receiv
     assert {s.service for s in spans} == {service, "predictor"}
 
 
+def test_one_trace_from_explainer_to_predictor(servers: dict, receiver: Receiver) -> None:
+    """Every predictor call an explanation makes (the perturbed inputs) is a child of the explain request."""
+    header, trace_id, client_span = traceparent()
+    resp = requests.post(servers["explainer"].url + "/v1/models/matmul:explain", headers={"traceparent": header},
+                         json={"instances": X.tolist()}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    # the explainer's span ends after every predictor call's: once it is here, theirs are (0.1 s batches)
+    receiver.until(trace_id, lambda got: any(s.service == "explainer" for s in got))
+    time.sleep(0.3)
+    spans = receiver.trace(trace_id, 0, timeout=0)
+    front = one(spans, "POST /v1/models/{model}:explain", "explainer")
+    assert front.parent_id == client_span and front.kind == SERVER
+    calls = [s for s in spans if s.service == "predictor" and s.kind == SERVER]
+    assert calls and all(c.parent_id == front.span_id for c in calls)
+
+
 def test_tracing_off_exports_nothing(servers: dict, receiver: Receiver) -> None:
     """A server whose OTEL_* variables name the receiver but say no exporter: no export request, ever;
     and it never imported OpenTelemetry (its log says nothing of tracing)."""
@@ -311,7 +334,8 @@ def test_tracing_off_imports_nothing_of_opentelemetry(repo: Path, receiver: Rece
         "asyncio.run(main())\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
     assert done.returncode == 0, done.stderr
     off, on = done.stdout.splitlines()
     assert off == "[] ['LastResort']"

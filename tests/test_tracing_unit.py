@@ -46,7 +46,8 @@ def test_off_by_default() -> None:
 
 @pytest.mark.parametrize("path,params,route", [
     ("/v2/models/add/infer", {"model": "add"}, "/v2/models/{model}/infer"),
-    ("/v2/models/add/versions/2/infer", {"model": "add", "version": "2"}, "/v2/models/{model}/versions/{version}/infer"),
+    ("/v2/models/add/versions/2/infer", {"model": "add", "version": "2"},
+     "/v2/models/{model}/versions/{version}/infer"),
     ("/v2/models/add", {"model": "add"}, "/v2/models/{model}"),
     ("/v1/models/add:predict", {"model": "add"}, "/v1/models/{model}:predict"),
     ("/v2", {}, "/v2"),
