@@ -2,9 +2,11 @@
 OTLP/HTTP to a receiver this module starts (tests/otlp.py decodes opentelemetry-proto's
 ExportTraceServiceRequest); clients are tritonclient over REST and gRPC, sending a W3C ``traceparent``.
 
-Checked: the tree (request -> image_decode, inference -> queue), the attributes (model, version, batch
-size, status), the client's trace and sampled flag followed, a transformer's trace going on to its predictor
-(over V2 REST and gRPC), the OTEL_* variables alone turning tracing on, and no export at all when off.
+Checked: the tree (request -> image_decode, inference -> queue, a dynamic batch's members each with their
+queue span, a stream's messages under the stream), the attributes (model, version, batch size, status), the
+client's trace and sampled flag followed, TorchServe's Predictions, a transformer's trace going on to its
+predictor (over V2 REST and gRPC) and an explainer's, the OTEL_* variables alone turning tracing on, and no
+export nor any OpenTelemetry import when off.
 """
 from __future__ import annotations
 
@@ -91,14 +93,27 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def servers(repo: Path, receiver: Receiver,
+def config(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The traced predictor's models: the repository's, and ``batched`` (matmul with dynamic batching)."""
+    batched = tmp_path_factory.mktemp("batched")
+    models.save(models.matmul(), batched, "batched")
+    return models.write_config(batched / "config.json", [
+        {"name": "matmul", "base_path": str(repo / "matmul")},
+        {"name": "images", "base_path": str(repo / "images")},
+        {"name": "batched", "base_path": str(batched / "batched"), "nireq": 1, "max_batch_size": 8,
+         "max_queue_delay_us": 200_000},
+    ])
+
+
+@pytest.fixture(scope="module")
+def servers(repo: Path, config: Path, receiver: Receiver,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ComponentProcess]]:
     """A predictor (--trace-endpoint), a transformer in front of it over V2 REST (--trace-endpoint) and one
     over gRPC (the OTEL_* variables alone), an explainer (--trace-endpoint), and a predictor with tracing
     off whose OTEL_* variables point at the receiver but say no exporter: all started at once."""
     handlers = tmp_path_factory.mktemp("traced_handlers")
     (handlers / "handlers.py").write_text(HANDLERS)
-    predictor = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT,
+    predictor = ServerProcess(["--config", str(config), "--poll-interval", "0", *EXACT,
                                "--ts-inference-port", "0", "--trace-endpoint", receiver.url],
                               env={**FAST_EXPORT, "OTEL_SERVICE_NAME": "predictor"})
     off = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT],
@@ -202,6 +217,33 @@ def test_a_stream_is_one_span_with_each_messages_inference_under_it(servers: dic
     assert stream.parent_id == client_span and stream.attributes["rpc.grpc.status_code"] == 0
     inferences = [s for s in spans if s.name == "inference"]
     assert len(inferences) == 2 and all(s.parent_id == stream.span_id for s in inferences)
+
+
+def test_each_member_of_a_batch_has_its_own_queue_span(servers: dict, receiver: Receiver) -> None:
+    """Dynamic batching: three requests wait together for one batch (the batch's task records each member's
+    wait, in the member's own trace)."""
+    traces = [traceparent() for _ in range(3)]
+    client = tgrpc.InferenceServerClient(servers["predictor"].grpc_target)
+    inp = tgrpc.InferInput("x", [2, 8], "FP32")
+    inp.set_data_from_numpy(X)
+    results: queue.Queue = queue.Queue()
+    for header, _, _ in traces:
+        client.async_infer("batched", [inp], lambda result, error: results.put((result, error)),
+                           headers={"traceparent": header})
+    for _ in traces:
+        result, error = results.get(timeout=30)
+        assert error is None and result.as_numpy("y").shape == (2, 4)
+    client.close()
+    for _, trace_id, client_span in traces:
+        spans = receiver.trace(trace_id, 3)
+        request = one(spans, "inference.GRPCInferenceService/ModelInfer")
+        assert request.parent_id == client_span
+        inference = one(spans, "inference")
+        assert inference.parent_id == request.span_id and inference.attributes["ovserve.batch_size"] == 2
+        waited = one(spans, "queue")
+        assert waited.parent_id == inference.span_id
+        # the batch: the rows of every member that joined it (all three, within the 200 ms delay)
+        assert waited.attributes["ovserve.batch_members"] == 3 and waited.attributes["ovserve.batch_size"] == 6
 
 
 def test_image_decode_span(servers: dict, receiver: Receiver) -> None:
