@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from ovserve.common import requestids
+from ovserve.common import outgoing, requestids
 from ovserve.common.codecs.datatypes import V2_TO_NUMPY
 from ovserve.common.codecs.tensors import (
     MAX_DIMS,
@@ -220,6 +220,8 @@ class GrpcPredictor:
         rid = requestids.current.get()
         if rid is not None:  # the id of the request this call serves goes on with it
             metadata = (*(metadata or ()), (requestids.HEADER, rid))
+        if outgoing.injectors:  # e.g. the trace context, with the server's tracing on (ovserve.common.outgoing)
+            metadata = (*(metadata or ()), *outgoing.headers().items())
         attempt = 0
         while True:
             try:

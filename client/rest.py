@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import orjson
 
-from ovserve.common import requestids
+from ovserve.common import outgoing, requestids
 from ovserve.common.errors import RETRY_AFTER_HEADER
 from ovserve.common.tokens import TokenFile
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
@@ -178,6 +178,8 @@ class RestPredictor:
         rid = requestids.current.get()
         if rid is not None:  # the id of the request this call serves goes on with it
             kw["headers"] = {**(kw.get("headers") or {}), requestids.HEADER: rid}
+        if outgoing.injectors:  # e.g. the trace context, with the server's tracing on (ovserve.common.outgoing)
+            kw["headers"] = {**(kw.get("headers") or {}), **outgoing.headers()}
         if self.tls is not None:
             kw["ssl"] = self.tls.current().context
         try:

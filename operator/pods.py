@@ -237,7 +237,32 @@ def pod_spec(isvc: dict[str, Any], component: str, cfg: Config,
     if secure is not None:  # serving.ovserve.io/tls-secret: every component's main container (operator/tls.py)
         tls.secure_pod(pod, secure, component, component == "predictor" and is_ovserve(spec),
                        serving_ports(spec, component)["rest"])
+    traced(pod["containers"][0], isvc, component)  # serving.ovserve.io/trace-*: OpenTelemetry's variables
     return pod
+
+
+#: OpenTelemetry tracing of every component (docs/operator.md "Tracing"): the OTLP/HTTP endpoint ...
+TRACE_ENDPOINT_ANNOTATION = "serving.ovserve.io/trace-endpoint"
+#: ... and the share of new traces sampled (a client's sampled flag is followed either way)
+TRACE_SAMPLE_RATIO_ANNOTATION = "serving.ovserve.io/trace-sample-ratio"
+
+
+def traced(container: dict[str, Any], isvc: dict[str, Any], component: str) -> None:
+    """With the InferenceService's ``serving.ovserve.io/trace-endpoint``, a component's main container gets the
+    standard OpenTelemetry variables (as KServe's spec.tracing injects them): the endpoint, the
+    parent-based ratio sampler and its ratio, and a service name per component (``<name>-<component>``).
+    A variable the container's own env sets is left as it is; without the annotation, nothing changes."""
+    annotations = (isvc.get("metadata") or {}).get("annotations") or {}
+    endpoint = annotations.get(TRACE_ENDPOINT_ANNOTATION)
+    if not endpoint:
+        return
+    wanted = {"OTEL_EXPORTER_OTLP_ENDPOINT": str(endpoint), "OTEL_TRACES_EXPORTER": "otlp",
+              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+              "OTEL_TRACES_SAMPLER_ARG": str(annotations.get(TRACE_SAMPLE_RATIO_ANNOTATION, "1")),
+              "OTEL_SERVICE_NAME": f"{isvc['metadata']['name']}-{component}"}
+    env = container.setdefault("env", [])
+    given = {var.get("name") for var in env}
+    env.extend({"name": name, "value": value} for name, value in wanted.items() if name not in given)
 
 
 def draining(pod: dict[str, Any]) -> dict[str, Any]:

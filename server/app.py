@@ -26,7 +26,7 @@ import signal
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from . import ports
+from . import ports, tracing
 from .dataplane import DataPlane
 from .errors import InvalidInput
 from .tls import ServerTls
@@ -173,3 +173,4 @@ async def run(make: Callable[[], Server]) -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        tracing.shutdown()  # the spans still batched go out (nothing when tracing is off)

@@ -102,6 +102,10 @@ class ProcessSettings:
     #: One listener's exceptions to the shared TLS flags (``--rest-tls``, ``--grpc-tls``; server/tls.py).
     rest_tls: TlsOverride | None = None
     grpc_tls: TlsOverride | None = None
+    #: OpenTelemetry traces over OTLP/HTTP to this URL (None: only if OTEL_EXPORTER_OTLP_* say so; server/tracing.py).
+    trace_endpoint: str | None = None
+    #: The share of traces sampled where the client did not decide (None: OTEL_TRACES_SAMPLER_ARG, else 1).
+    trace_sample_ratio: float | None = None
 
 
 @dataclass(slots=True)

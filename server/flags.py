@@ -170,6 +170,13 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     add(gate, "--access-log", str, defaults.access_log,
         "one JSON line per request (and x-request-id returned) to stdout, stderr or FILE",
         aliases=names("--access-log"), metavar="stdout|stderr|FILE")
+    traces = parser.add_argument_group("tracing: OpenTelemetry over OTLP/HTTP, off by default (docs/operations.md)")
+    add(traces, "--trace-endpoint", str, defaults.trace_endpoint,
+        "export spans to this OTLP/HTTP URL (a base URL gets /v1/traces); the OTEL_EXPORTER_OTLP_* variables "
+        "turn tracing on too; needs the tracing extra", aliases=names("--trace-endpoint"), metavar="URL")
+    add(traces, "--trace-sample-ratio", float, defaults.trace_sample_ratio,
+        "share of new traces sampled (a client's sampled flag is followed); default OTEL_TRACES_SAMPLER_ARG, else 1",
+        aliases=names("--trace-sample-ratio"), metavar="0..1")
 
 
 def process_settings(ns: argparse.Namespace) -> ProcessSettings:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ovserve.common.codecs.datatypes import V2_TO_NUMPY
 from ovserve.common.codecs.tensors import encoding_parameters
 
+from . import tracing
 from .codecs.images import check_count, decode_images
 from .dataplane import DataPlane
 from .errors import FailedPrecondition, InvalidInput, NotFound, ServerError, Unavailable
@@ -165,10 +166,18 @@ class ModelServer(DataPlane):
             if images:
                 decoding = time.perf_counter()
                 await self._decode(feed, images)
+                decoded = time.perf_counter()
                 if model.metrics is not None:
-                    model.metrics.decoded(time.perf_counter() - decoding)
+                    model.metrics.decoded(decoded - decoding)
+                if tracing.enabled:
+                    tracing.record("image_decode", decoding, decoded,
+                                   {"ovserve.images": sum(int(t.shape[0]) for t, _ in images)})
             # only what the request asks for is read (a string output's elements cost microseconds each)
-            results = await model.infer(feed, [port for port, _ in wanted] if request.outputs else None)
+            running = model.infer(feed, [port for port, _ in wanted] if request.outputs else None)
+            if tracing.enabled:
+                results = await _traced(running, request, self.manager.label(request.model_name, mv.version))
+            else:
+                results = await running
         except BaseException:  # a cancelled request too: it was not answered
             if stats is not None:
                 stats.failed(started, time.perf_counter())
@@ -291,6 +300,22 @@ class ModelServer(DataPlane):
                 decode_images, f"input {tensor.name!r}", list(tensor.data.reshape(-1)),
                 port.dims, port.layout, V2_TO_NUMPY[port.datatype], self._decoders,
             )
+
+
+async def _traced(running: Awaitable[dict[str, Any]], request: InferRequest, version: str) -> dict[str, Any]:
+    """The inference's span (tracing on): the model, the version that serves, the batch size (dimension 0 of
+    the first input) and how it ended; the wait for an infer request is its child ``queue`` (runtime)."""
+    first = request.inputs[0] if request.inputs else None
+    attributes = {"ovserve.model.name": request.model_name, "ovserve.model.version": version,
+                  "ovserve.batch_size": int(first.shape[0]) if first is not None and first.shape else 1}
+    with tracing.span("inference", attributes) as span:
+        try:
+            results = await running
+        except ServerError as exc:
+            span.set_attribute("ovserve.status", type(exc).__name__)
+            raise
+        span.set_attribute("ovserve.status", "OK")
+        return results
 
 
 def _by_version(versions: dict[str, InferenceStatistics]) -> list[tuple[str, InferenceStatistics]]:

@@ -6,7 +6,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from . import monitoring, tls
+from . import monitoring, tls, tracing
 from .app import Listener, Server, run
 from .codecs import images
 from .config import Settings
@@ -65,6 +65,7 @@ def build(settings: Settings) -> Server:
         raise SystemExit(f"ovserve: {exc}") from None
     images.configure(settings.max_image_pixels, settings.max_images)
     measure.configure(settings.untuned_measure)  # the untuned precision: timed at load, or OpenVINO's default
+    tracing.configure(settings.trace_endpoint, settings.trace_sample_ratio)  # off unless asked (server/tracing.py)
     # registered models are unpacked here; a folder of our own is removed when the server stops
     work = settings.ts_work_dir or Path(tempfile.mkdtemp(prefix="ovserve-ts-"))
     try:

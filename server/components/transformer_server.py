@@ -79,7 +79,7 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
     from ovserve.client.predictor import PredictorClient
     from ovserve.common.tokens import TokenFileError
 
-    from .. import tls
+    from .. import tls, tracing
     from ..app import Listener, Server
     from ..gate import gate_from_settings
     from ..transports.grpc.listener import GrpcListener
@@ -89,6 +89,8 @@ def build(ns: argparse.Namespace, handler: Transformer) -> Any:
 
     settings = process_settings(ns)
     protocol = ns.predictor_protocol or ns.protocol or "v2"
+    # off unless asked; on, the predictor's calls carry the request's trace context (ovserve.common.outgoing)
+    tracing.configure(settings.trace_endpoint, settings.trace_sample_ratio)
     try:
         gate = gate_from_settings(settings)  # its own tokens and access log, as the model server's
     except ValueError as exc:

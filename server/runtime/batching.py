@@ -25,10 +25,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import tracing
 from ..errors import InternalError, InvalidInput
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class _Pending:
-    __slots__ = ("arrived", "future", "inputs", "key", "rows")
+    __slots__ = ("arrived", "future", "inputs", "key", "rows", "trace")
 
     def __init__(self, inputs: dict[str, np.ndarray], rows: int, key: _Key, future: asyncio.Future[_Outputs]) -> None:
         self.inputs = inputs
@@ -50,6 +51,8 @@ class _Pending:
         self.key = key
         self.future = future
         self.arrived = time.perf_counter()
+        #: the request's trace context, with tracing on: its queue span is made by the batch's task
+        self.trace: Any = tracing.current_context() if tracing.enabled else None
 
 
 def batchable(model: OpenVINOModel, max_batch_size: int) -> str:
@@ -170,6 +173,12 @@ class DynamicBatcher:
         now = time.perf_counter()
         for p in batch:
             stats.waited(now - p.arrived)
+        if tracing.enabled:
+            rows = sum(p.rows for p in batch)
+            for p in batch:
+                if p.trace is not None:
+                    tracing.record_in(p.trace, "queue", p.arrived, now,
+                                      {"ovserve.batch_size": rows, "ovserve.batch_members": len(batch)})
         series = self.model.metrics
         if series is not None:
             series.batched(sum(p.rows for p in batch))

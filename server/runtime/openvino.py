@@ -23,7 +23,7 @@ import openvino as ov
 
 from ovserve.common.codecs.datatypes import OV_TO_V2
 
-from .. import cpus
+from .. import cpus, tracing
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError
 from ..types import Dim, PortInfo
 from . import measure, threadstate, untuned
@@ -583,10 +583,16 @@ class OpenVINOModel:
         if self._idle and self._recompiling is None:  # an idle infer request: no wait (as acquire)
             slot = self._idle.popleft()
             self.stats.waited(0.0)
+            if tracing.enabled:  # every inference's span has its queue child, here of no length
+                now = time.perf_counter()
+                tracing.record("queue", now, now)
         else:
             started = time.perf_counter()
             slot = await self._wait_idle()
-            self.stats.waited(time.perf_counter() - started)
+            waited = time.perf_counter()
+            self.stats.waited(waited - started)
+            if tracing.enabled:  # a wait for an infer request: the inference span's child (server/tracing.py)
+                tracing.record("queue", started, waited)
         return await self.run_on(slot, inputs, outputs=outputs)
 
     def active(self) -> int:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
+from ... import tracing
 from ...errors import (
     PUSHBACK_METADATA,
     RETRY_AFTER_METADATA,
@@ -88,6 +89,8 @@ async def abort(context: Any, exc: ServerError, pushback: bool = True) -> None:
         ms = exc.pushback_ms()
         hints = ((RETRY_AFTER_METADATA, ms), (PUSHBACK_METADATA, ms)) if pushback else ((RETRY_AFTER_METADATA, ms),)
         context.set_trailing_metadata((*tuple(context.trailing_metadata() or ()), *hints))
+    if tracing.enabled:
+        _traced_status(grpc_status(exc), exc.message)
     # cut as a ServerError's own message is, whatever set it: a grpc-message past the 16 KiB of headers a
     # gRPC client takes reaches it as its own RESOURCE_EXHAUSTED instead of this error
     await context.abort(status_of(exc), bounded(exc.message))
@@ -148,6 +151,8 @@ class Servicer:
 
     access: ClassVar[Mapping[str, Access]] = {}
     default_access: ClassVar[Access] = INFERENCE
+    #: the service's full name (``inference.GRPCInferenceService``): its calls' span names with tracing on
+    service_name: ClassVar[str] = ""
     #: the methods whose requests the metrics count, by name
     observed: ClassVar[Mapping[str, Observed]] = {}
 
@@ -176,7 +181,40 @@ async def _abort(context: Any, exc: BaseException, method: str, pushback: bool) 
     if isinstance(exc, ServerError):
         await abort(context, exc, pushback)
     log.error("unexpected error in %s", method, exc_info=exc)
+    if tracing.enabled:
+        _traced_status("INTERNAL", type(exc).__name__)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+def _traced_status(code: str, message: str) -> None:
+    """The status a call ends with, on its span (tracing on): the status code, an error but for the codes a
+    client's request caused (OpenTelemetry's semantic conventions for a gRPC server)."""
+    tracing.annotate({"rpc.grpc.status_code": grpc.StatusCode[code].value[0], "rpc.grpc.status": code},
+                     error=message if code in _SERVER_FAULTS else None)
+
+
+_OK = {"rpc.grpc.status_code": 0, "rpc.grpc.status": "OK"}
+
+#: the probes' methods, which make no span (a kubelet's every few seconds would drown the traces)
+UNTRACED = frozenset({"ServerLive", "ServerReady", "Ping"})
+
+#: the codes a gRPC server's span counts as its error (OpenTelemetry's semantic conventions)
+_SERVER_FAULTS = frozenset({"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE",
+                            "DATA_LOSS"})
+
+
+def _call_span(servicer: Servicer, method: str, request: Any, context: Any) -> Any:
+    """The span of one call (tracing on): its parent the trace context of the call's metadata; named as
+    OpenTelemetry names an RPC, with the model the request names."""
+    attributes: dict[str, Any] = {"rpc.system": "grpc", "rpc.service": servicer.service_name,
+                                  "rpc.method": method, "ovserve.listener": servicer.listener}
+    name = getattr(request, "model_name", None)
+    if isinstance(name, str) and name:
+        attributes["ovserve.model.name"] = name
+        version = getattr(request, "model_version", "")
+        if isinstance(version, str) and version:
+            attributes["ovserve.model.version"] = version
+    return tracing.server_span(f"{servicer.service_name}/{method}", Metadata(context), attributes)
 
 
 def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -186,7 +224,19 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     method = fn.__name__
 
     @functools.wraps(fn)
-    async def call(self: Servicer, request: Any, context: Any) -> Any:
+    def call(self: Servicer, request: Any, context: Any) -> Awaitable[Any]:
+        # a plain function: with tracing off, the call costs one attribute read and no frame of its own
+        if tracing.enabled and method not in UNTRACED:
+            return traced(self, request, context)
+        return served(self, request, context)
+
+    async def traced(self: Servicer, request: Any, context: Any) -> Any:
+        with _call_span(self, method, request, context):
+            reply = await served(self, request, context)  # a failure's status is set where it is mapped
+            tracing.annotate(_OK)
+            return reply
+
+    async def served(self: Servicer, request: Any, context: Any) -> Any:
         await enter(self.in_flight, context)
         metrics = self.metrics
         observed = self.observed.get(method) if metrics is not None else None
@@ -215,7 +265,17 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
     method = fn.__name__
 
     @functools.wraps(fn)
-    async def call(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
+    def call(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
+        # a plain function: with tracing off, the stream costs one attribute read and no generator of its own
+        return traced(self, request, context) if tracing.enabled else served(self, request, context)
+
+    async def traced(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
+        with _call_span(self, method, request, context):
+            async for reply in served(self, request, context):
+                yield reply
+            tracing.annotate(_OK)
+
+    async def served(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
         await enter(self.in_flight, context)
         metrics = self.metrics
         observed = self.observed.get(method) if metrics is not None else None
@@ -238,8 +298,21 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
 
 
 def bidi(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
-    """A bidirectional stream (it counts itself in flight with :func:`enter`): behind the gate."""
-    return gated_stream(fn, client_streaming=True)
+    """A bidirectional stream (it counts itself in flight with :func:`enter`): behind the gate; with tracing
+    on, the whole stream is one span, each message's inference a child of it."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    def call(self: Servicer, requests: Any, context: Any) -> AsyncIterator[T]:
+        return traced(self, requests, context) if tracing.enabled else fn(self, requests, context)
+
+    async def traced(self: Servicer, requests: Any, context: Any) -> AsyncIterator[T]:
+        with _call_span(self, method, None, context):
+            async for reply in fn(self, requests, context):
+                yield reply
+            tracing.annotate(_OK)
+
+    return gated_stream(call, client_streaming=True)
 
 
 def in_band(exc: Exception, method: str) -> str:

@@ -28,6 +28,7 @@ STREAM_WINDOW = 32
 
 
 class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
+    service_name = SERVICE_NAME
     # REST's /v2/health/* twins stay open for probes; the repository extension is management
     access: ClassVar[Mapping[str, Access]] = {"ServerLive": OPEN, "ServerReady": OPEN, "RepositoryIndex": MANAGEMENT,
                                                "RepositoryModelLoad": MANAGEMENT, "RepositoryModelUnload": MANAGEMENT}

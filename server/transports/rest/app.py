@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ... import tracing
 from ...dataplane import DataPlane
 from ...errors import RETRY_AFTER_HEADER, Overloaded, ServerError, http_status
 from ...gate import OPEN_GATE, Gate
@@ -101,6 +102,10 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, gate: Gate = OPEN_G
     """The app; ``gate``'s tokens and access log (server/gate) in front of everything, installed only when
     it has something to do."""
     gated = [] if gate.idle else [Middleware(GateMiddleware, gate=gate, listener=listener)]
+    if tracing.enabled:  # the request's span, outside the gate (server/tracing.py); no middleware when off
+        from .traced import TraceMiddleware
+
+        gated.insert(0, Middleware(TraceMiddleware, listener=listener))
     app = Starlette(
         routes=_routes(dataplane),
         middleware=[*gated, Middleware(LastResort)],

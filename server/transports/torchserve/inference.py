@@ -38,6 +38,7 @@ _DONE = object()
 
 
 class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
+    service_name = SERVICE_NAME
     access: ClassVar[Mapping[str, Access]] = {"Ping": OPEN}  # kubelet probes carry no token
     # in the metrics, api "TorchServe" (each message of StreamPredictions2 counts once)
     observed: ClassVar[Mapping[str, Observed]] = {"Predictions": Observed(calls.TS_PREDICTIONS),

@@ -27,6 +27,7 @@ def _msg(text: str) -> pb.ManagementResponse:
 
 
 class ManagementServicer(Servicer, pb_grpc.ManagementAPIsServiceServicer):
+    service_name = SERVICE_NAME
     default_access = MANAGEMENT  # every method: the management tokens, as TorchServe's management key
 
     def __init__(self, dataplane: DataPlane) -> None:
