@@ -37,7 +37,7 @@ def test_a_request_queued_behind_each_stream_keeps_it_busy() -> None:
 def test_the_command_runs_raw_and_served(tmp_path: Path) -> None:
     out = tmp_path / "timeline.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.timeline", "--model", "resnetish", "--concurrency", "2", "--seconds", "2.5",
+        [sys.executable, "-m", "bench.timeline", "--model", "resnetish", "--concurrency", "2", "--seconds", "1.5",
          "--nireq", "0,1", "--protocols", "grpc,rest-binary", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=540, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_the_photo_path_is_timed_through_both_transports(tmp_path: Path) -> None
     out = tmp_path / "timeline.md"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.timeline", "--model", "mobilenet_v2", "--photo", "--concurrency", "2",
-         "--seconds", "2.5", "--nireq", "0", "--protocols", "grpc,rest-binary", "--out", str(out),
+         "--seconds", "1.5", "--nireq", "0", "--protocols", "grpc,rest-binary", "--out", str(out),
          "--ovserve-arg=--grpc-engine=loop"],
         cwd=ROOT, capture_output=True, text=True, timeout=540, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
