@@ -90,10 +90,17 @@ def v2_body() -> dict[str, Any]:
     return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "data": X.reshape(-1).tolist()}]}
 
 
-def predictor_infers(predictor_log: Path, rid: str, want: int) -> list[tuple[str, str, str]]:
-    """(listener, method, status) of the predictor's inferences logged under ``rid``."""
-    return [(line["listener"], line["method"], str(line["status"])) for line in lines(predictor_log, rid, want)
-            if line["model"] == "matmul"]
+def predictor_infers(predictor_log: Path, rid: str, want: int, timeout: float = 10) -> list[tuple[str, str, str]]:
+    """(listener, method, status) of the predictor's calls on the model logged under ``rid``, once ``want`` of
+    them are inferences (a metadata look-up on the same id is not one: counting it returned before the last
+    inference's line was written)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [(line["listener"], line["method"], str(line["status"])) for line in lines(predictor_log, rid, want)
+                 if line["model"] == "matmul"]
+        if sum(1 for f in found if f[1] in ("POST", "ModelInfer")) >= want or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("protocol", ["v2", "grpc-v2"])
