@@ -8,6 +8,7 @@ from typing import Any
 from . import names as n
 from . import tls
 from .config import Config
+from .spec import Fields
 from .storage_uri import plan
 
 POD_FIELDS = ("serviceAccountName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
@@ -33,7 +34,7 @@ def is_ovserve(spec: dict[str, Any]) -> bool:
     return bool(spec.get("model")) and not spec.get("containers")
 
 
-def listener_of(port: dict[str, Any]) -> str:
+def listener_of(port: Fields) -> str:
     """The listener a declared container port is for: the one whose port name it has (``grpc-ts``: the
     TorchServe port), else gRPC when named ``h2c``/``grpc*`` (as KServe tells gRPC ports), else REST."""
     name = str(port.get("name", ""))
