@@ -105,7 +105,9 @@ class InferenceServiceSpec:
     components: Mapping[str, ComponentSpec]
 
     def placed(self) -> tuple[str, str]:
-        """(namespace, uid), which the API server sets: KeyError naming the one missing (no child without)."""
+        """(namespace, uid), which the API server sets (and ``ovserve run``): the builders need both for the
+        children's metadata and owner reference; KeyError naming the one missing, as indexing the raw
+        document did."""
         if self.namespace is None:
             raise KeyError("namespace")
         if self.uid is None:
