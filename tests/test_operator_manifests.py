@@ -3,6 +3,7 @@ and validated against the Kubernetes schemas (strict) of several versions."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import yaml
 
 from ovserve.operator import manifests
 from ovserve.operator.config import Config
+from ovserve.operator.storage_uri import plan as storage_plan
 from ovserve.operator.validation import validate
 
 DATA = Path(__file__).parent / "data/isvc"
@@ -202,6 +204,26 @@ def test_builders_are_pure(stem: str) -> None:
     first[0]["metadata"]["labels"]["x"] = "y"  # results share nothing with later results
     assert "x" not in manifests.children(validate(isvc), CFG)[0]["metadata"]["labels"]
 
+
+
+def test_the_spec_is_read_once_and_frozen() -> None:
+    """validate() reads the document into an immutable spec: changing the document afterwards changes
+    nothing built from it, and neither the spec nor what it passes through can be changed in place."""
+    isvc = load("transformer")
+    spec = validate(isvc)
+    first = manifests.children(spec, CFG)
+    isvc["metadata"]["name"] = "other"
+    isvc["spec"]["transformer"]["containers"][0]["args"].append("--changed")
+    assert manifests.children(spec, CFG) == first
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "other"  # type: ignore[misc]
+    transformer = spec.components["transformer"]
+    with pytest.raises(TypeError):
+        transformer.containers[0]["image"] = "other"  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        transformer.containers[0]["args"].append("--changed")
+    assert spec.predictor.model is not None and spec.predictor.model.storage == storage_plan(
+        isvc["spec"]["predictor"]["model"]["storageUri"])
 
 def test_user_wiring_flags_win() -> None:
     isvc = load("transformer")
