@@ -1,8 +1,8 @@
 """The InferenceService as the builders read it: typed and immutable, parsed once (pure).
 
 ``validation.validate(isvc)`` checks the raw InferenceService and returns an
-:class:`InferenceServiceSpec`; every builder (``manifests``, ``pods``, ``tls``,
-``credentials``, ``ovserve run``'s planner) takes that instead of the dict, so each
+:class:`InferenceServiceSpec`; every builder (``manifests``, ``pods``, ``credentials``,
+``ovserve run``'s planner) takes that instead of the dict, so each
 field is read, defaulted and parsed (the ``storageUri`` into its :class:`StoragePlan`,
 the TLS annotations into a :class:`Tls`, the serving ports) in one place. What the
 operator passes through to the pods as written (the user's containers, volumes, env,
