@@ -101,7 +101,7 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
     generation = meta.get("generation")
     try:
         spec = validation.validate(isvc)  # the one reading of the InferenceService the builders need
-        env = _storage_env(spec, cluster)
+        env = _storage_env(spec, meta["namespace"], cluster)
         cluster.sync(isvc, manifests.children(spec, config, cluster.hpa_api_version, env))
         sync_status(cluster, meta["namespace"], meta["name"], generation)
     except validation.Invalid as exc:
@@ -115,11 +115,10 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
         raise _Refused("failed", kopf.PermanentError(f"the API server refused a child: {exc}")) from None
 
 
-def _storage_env(spec: InferenceServiceSpec, cluster: Cluster) -> list[dict[str, Any]]:
+def _storage_env(spec: InferenceServiceSpec, namespace: str, cluster: Cluster) -> list[dict[str, Any]]:
     """An s3:// predictor's credentials, from its ServiceAccount and the Secrets it lists (KServe's way)."""
     if not pods.needs_s3_credentials(spec):
         return []
-    namespace, _ = spec.placed()
     account = cluster.service_account(namespace, credentials.service_account_name(spec))
     return credentials.s3_env(account, cluster.secrets_of(namespace, account) if account else [])
 

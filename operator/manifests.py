@@ -15,15 +15,13 @@ from .spec import ComponentSpec, InferenceServiceSpec, thaw
 
 
 def owner_reference(spec: InferenceServiceSpec) -> dict[str, Any]:
-    _, uid = spec.placed()
     return {"apiVersion": thaw(spec.api_version), "kind": thaw(spec.kind),
-            "name": spec.name, "uid": uid, "controller": True, "blockOwnerDeletion": True}
+            "name": spec.name, "uid": spec.placed("uid"), "controller": True, "blockOwnerDeletion": True}
 
 
 def _metadata(spec: InferenceServiceSpec, name: str, labels: dict[str, Any],
               annotations: dict[str, Any] | None = None) -> dict[str, Any]:
-    namespace, _ = spec.placed()
-    meta = {"name": name, "namespace": namespace, "labels": labels,
+    meta = {"name": name, "namespace": spec.placed("namespace"), "labels": labels,
             "ownerReferences": [owner_reference(spec)]}
     if annotations:
         meta["annotations"] = annotations

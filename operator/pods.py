@@ -180,9 +180,8 @@ def user_containers(spec: InferenceServiceSpec, component: str) -> list[dict[str
     if not main.get("ports"):
         main["ports"] = container_ports({"rest": rest})
     if component != "predictor":
-        namespace, _ = spec.placed()
         wiring = {"--model_name": spec.name,
-                  "--predictor_host": f"{n.child_name(spec.name, 'predictor')}.{namespace}",
+                  "--predictor_host": f"{n.child_name(spec.name, 'predictor')}.{spec.placed('namespace')}",
                   "--http_port": str(rest)}
         args = list(main.get("args") or [])
         for flag, value in wiring.items():

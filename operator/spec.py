@@ -92,9 +92,10 @@ class InferenceServiceSpec:
     """A valid InferenceService, as the builders need it."""
 
     name: str
-    #: set by the API server (and by ``ovserve run``); None when the document has none
+    #: set by the API server (and by ``ovserve run``); None when the document has none, or null: ``placed``
     namespace: str | None
     uid: str | None
+    unset: tuple[str, ...]  # which of namespace and uid the document has no key for
     api_version: Json  # the document's (``serving.kserve.io/v1beta1`` when absent): the children's owner
     kind: Json
     labels: Json  # the InferenceService's own metadata, frozen as given
@@ -104,15 +105,13 @@ class InferenceServiceSpec:
     #: the components present, predictor first (``names.COMPONENTS`` order)
     components: Mapping[str, ComponentSpec]
 
-    def placed(self) -> tuple[str, str]:
-        """(namespace, uid), which the API server sets (and ``ovserve run``): the builders need both for the
-        children's metadata and owner reference; KeyError naming the one missing, as indexing the raw
-        document did."""
-        if self.namespace is None:
-            raise KeyError("namespace")
-        if self.uid is None:
-            raise KeyError("uid")
-        return self.namespace, self.uid
+    def placed(self, key: str) -> str | None:
+        """``namespace`` or ``uid``, which the API server sets (and ``ovserve run``) and the builders need for
+        the children's metadata, owner reference and the predictor's address: KeyError when the document has
+        no such key, as indexing it did (an explicit null stays None)."""
+        if key in self.unset:
+            raise KeyError(key)
+        return self.namespace if key == "namespace" else self.uid
 
     @property
     def predictor(self) -> ComponentSpec:

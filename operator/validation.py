@@ -79,7 +79,8 @@ def validate(isvc: object) -> InferenceServiceSpec:
         ports=freeze(_serving_ports(model if component == "predictor" else None, fields["containers"])),
     ) for component, fields in parts.items()}
     return InferenceServiceSpec(
-        name=name, namespace=namespace, uid=uid, api_version=freeze(isvc.get("apiVersion", n.API_VERSION)),
+        name=name, namespace=namespace, uid=uid, unset=tuple(key for key in ("namespace", "uid") if key not in meta),
+        api_version=freeze(isvc.get("apiVersion", n.API_VERSION)),
         kind=freeze(isvc.get("kind", n.KIND)), labels=freeze(meta.get("labels") or {}),
         annotations=freeze(annotations), tls=secure,
         scrape=str(annotations.get(n.SCRAPE_ANNOTATION, "")).lower() == "true",
