@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .spec import InferenceServiceSpec
+
 PREFIX = "serving.kserve.io/"
 #: (access key id, secret access key) key names in a Secret: KServe's shipped configuration, and its older
 #: defaults (what its code falls back to without that configuration)
@@ -73,6 +75,6 @@ def s3_env(service_account: dict[str, Any] | None, secrets: list[dict[str, Any]]
     return list(merged.values())
 
 
-def service_account_name(isvc: dict[str, Any]) -> str:
+def service_account_name(spec: InferenceServiceSpec) -> str:
     """The predictor's ServiceAccount, as its pods run under it."""
-    return str(isvc["spec"]["predictor"].get("serviceAccountName") or "default")
+    return spec.predictor.service_account

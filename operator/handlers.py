@@ -19,6 +19,7 @@ from . import names as n
 from .apply import ApiError, Cluster
 from .config import Config
 from .metrics import METRICS
+from .spec import InferenceServiceSpec
 
 ISVC = (n.GROUP, n.VERSION, n.PLURAL)
 # Any: kopf's type for a filter value (MetaFilterToken, e.g. kopf.PRESENT) is not public.
@@ -99,9 +100,9 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
     meta = isvc["metadata"]
     generation = meta.get("generation")
     try:
-        validation.check(isvc)
-        env = _storage_env(isvc, cluster)
-        cluster.sync(isvc, manifests.children(isvc, config, cluster.hpa_api_version, env))
+        spec = validation.validate(isvc)  # the one reading of the InferenceService the builders need
+        env = _storage_env(spec, meta["namespace"], cluster)
+        cluster.sync(isvc, manifests.children(spec, config, cluster.hpa_api_version, env))
         sync_status(cluster, meta["namespace"], meta["name"], generation)
     except validation.Invalid as exc:
         sync_status(cluster, meta["namespace"], meta["name"], generation)
@@ -114,12 +115,11 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
         raise _Refused("failed", kopf.PermanentError(f"the API server refused a child: {exc}")) from None
 
 
-def _storage_env(isvc: dict[str, Any], cluster: Cluster) -> list[dict[str, Any]]:
+def _storage_env(spec: InferenceServiceSpec, namespace: str, cluster: Cluster) -> list[dict[str, Any]]:
     """An s3:// predictor's credentials, from its ServiceAccount and the Secrets it lists (KServe's way)."""
-    if not pods.needs_s3_credentials(isvc):
+    if not pods.needs_s3_credentials(spec):
         return []
-    namespace = isvc["metadata"]["namespace"]
-    account = cluster.service_account(namespace, credentials.service_account_name(isvc))
+    account = cluster.service_account(namespace, credentials.service_account_name(spec))
     return credentials.s3_env(account, cluster.secrets_of(namespace, account) if account else [])
 
 

@@ -1,4 +1,7 @@
-"""Pure builders for a component's pod: containers, probes, model storage, KServe wiring."""
+"""Pure builders for a component's pod: containers, probes, model storage, KServe wiring.
+
+They read the typed spec (``spec.InferenceServiceSpec``, from ``validation.validate``), never the raw dict.
+"""
 from __future__ import annotations
 
 import copy
@@ -8,7 +11,8 @@ from typing import Any
 from . import names as n
 from . import tls
 from .config import Config
-from .storage_uri import plan
+from .spec import Fields, InferenceServiceSpec, ModelSpec, thaw
+from .storage_uri import StoragePlan
 
 POD_FIELDS = ("serviceAccountName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
               "securityContext", "priorityClassName", "terminationGracePeriodSeconds", "hostAliases", "dnsPolicy",
@@ -28,12 +32,7 @@ PVC_MOUNT = "/mnt/pvc"
 HOST_MOUNT = "/mnt/source"
 
 
-def is_ovserve(spec: dict[str, Any]) -> bool:
-    """The predictor runs the ovserve server (a ``model``), not the user's containers."""
-    return bool(spec.get("model")) and not spec.get("containers")
-
-
-def listener_of(port: dict[str, Any]) -> str:
+def listener_of(port: Fields) -> str:
     """The listener a declared container port is for: the one whose port name it has (``grpc-ts``: the
     TorchServe port), else gRPC when named ``h2c``/``grpc*`` (as KServe tells gRPC ports), else REST."""
     name = str(port.get("name", ""))
@@ -41,21 +40,6 @@ def listener_of(port: dict[str, Any]) -> str:
         if name == row.port_name:
             return listener
     return "grpc" if name.startswith(("h2c", "grpc")) else "rest"
-
-
-def serving_ports(spec: dict[str, Any], component: str) -> dict[str, int]:
-    """The component's main container's ports by listener name (``rest``, and ``grpc`` when it has one):
-    an ovserve server's every listener (those its ``protocolVersion`` asks for) at its default port unless
-    its ``ports`` say otherwise."""
-    if component == "predictor" and is_ovserve(spec):
-        declared = spec["model"].get("ports") or []
-        out = {name: n.LISTENERS[name].default for name in n.listeners_for(spec["model"].get("protocolVersion"))}
-    else:
-        declared = (spec.get("containers") or [{}])[0].get("ports") or []
-        out = {"rest": n.REST_PORT}
-    for port in declared:
-        out[listener_of(port)] = port["containerPort"]
-    return out
 
 
 def container_ports(ports: dict[str, int]) -> list[dict[str, Any]]:
@@ -68,11 +52,10 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
             "timeoutSeconds": 5, "failureThreshold": failures}
 
 
-def _storage(uri: str, cfg: Config, env: list[dict[str, Any]]
+def _storage(where: StoragePlan, cfg: Config, env: list[dict[str, Any]]
              ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(model path, server mounts, init containers, volumes) for a storageUri; ``env``: the init container's
-    (an s3:// model's credentials, ``credentials.s3_env``)."""
-    where = plan(uri)
+    """(model path, server mounts, init containers, volumes) for a storageUri's plan; ``env``: the init
+    container's (an s3:// model's credentials, ``credentials.s3_env``)."""
     if where.kind == "pvc":
         volume = {"name": PVC_VOLUME, "persistentVolumeClaim": {"claimName": where.source, "readOnly": True}}
         mount = {"name": PVC_VOLUME, "mountPath": PVC_MOUNT, "readOnly": True}
@@ -108,64 +91,63 @@ def _flag(args: list[str], *spellings: str) -> str | None:
     return found
 
 
-def metrics_port(isvc: dict[str, Any]) -> int | None:
+def metrics_port(spec: InferenceServiceSpec) -> int | None:
     """The port an ovserve predictor serves Prometheus metrics on, None when they are off.
 
     On when the InferenceService carries KServe's ``serving.kserve.io/enable-prometheus-scraping: "true"``
     (the operator then passes ``--metrics-enable``), or when the predictor's args turn them on themselves
     (``--metrics-enable``, alone or true); on the REST port unless the args give ``--metrics-port``.
     """
-    spec = isvc["spec"]["predictor"]
-    if not is_ovserve(spec):
+    predictor = spec.predictor
+    if predictor.model is None:
         return None
-    args = [str(a) for a in spec["model"].get("args") or []]
-    annotated = str((isvc["metadata"].get("annotations") or {}).get(n.SCRAPE_ANNOTATION, "")).lower() == "true"
+    args = list(predictor.model.args)
     given = _flag(args, "--metrics-enable", "--metrics_enable")
-    if not annotated and (given is None or (given and given.lower() not in _TRUE)):
+    if not spec.scrape and (given is None or (given and given.lower() not in _TRUE)):
         return None
     port = _flag(args, "--metrics-port")
-    return int(port) if port and port.isdigit() else serving_ports(spec, "predictor")["rest"]
+    return int(port) if port and port.isdigit() else predictor.ports["rest"]
 
 
-def scrape_annotations(isvc: dict[str, Any], component: str) -> dict[str, str]:
+def scrape_annotations(spec: InferenceServiceSpec, component: str) -> dict[str, str]:
     """A predictor pod's scrape annotations when its server serves metrics: KServe's
     (``prometheus.kserve.io/port`` and ``/path``, which KServe's runtimes carry) and the common
     ``prometheus.io/*`` that Prometheus's kubernetes-pods job reads."""
-    port = metrics_port(isvc) if component == "predictor" else None
-    if port is None:
+    port = metrics_port(spec) if component == "predictor" else None
+    model = spec.predictor.model
+    if port is None or model is None:
         return {}
     out = {"prometheus.kserve.io/port": str(port), "prometheus.kserve.io/path": n.METRICS_PATH,
            "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": n.METRICS_PATH}
-    if tls.requested(isvc) is not None and not _metrics_in_plain_text(isvc):
+    if spec.tls is not None and not _metrics_in_plain_text(model):
         out["prometheus.io/scheme"] = "https"  # the metrics' listener serves the Secret's TLS too
     return out
 
 
-def _metrics_in_plain_text(isvc: dict[str, Any]) -> bool:
+def _metrics_in_plain_text(model: ModelSpec) -> bool:
     """Whether the args turn TLS off on the listener serving metrics: ``--metrics-tls off`` on their own port,
     ``--rest-tls off`` on the REST port."""
-    args = [str(a) for a in isvc["spec"]["predictor"]["model"].get("args") or []]
+    args = list(model.args)
     flag = ("--metrics-tls",) if _flag(args, "--metrics-port") else ("--rest-tls", "--rest_tls")
     return (_flag(args, *flag) or "").strip().lower() in ("off", "none")
 
 
-def ovserve_container(isvc: dict[str, Any], cfg: Config, storage_env: list[dict[str, Any]] | None = None
+def ovserve_container(spec: InferenceServiceSpec, model: ModelSpec, cfg: Config,
+                      storage_env: list[dict[str, Any]] | None = None
                       ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The ovserve server container of a ``model`` predictor, its init containers and volumes."""
-    model = isvc["spec"]["predictor"]["model"]
-    model_path, mounts, inits, volumes = _storage(model["storageUri"], cfg, storage_env or [])
-    ports = serving_ports(isvc["spec"]["predictor"], "predictor")
-    args = ["serve", "--model-name", isvc["metadata"]["name"], "--model-path", model_path]
+    model_path, mounts, inits, volumes = _storage(model.storage, cfg, storage_env or [])
+    ports = dict(spec.predictor.ports)
+    args = ["serve", "--model-name", spec.name, "--model-path", model_path]
     for name, port in ports.items():
         # an optional listener (TorchServe's) is off in the server without its flag: always passed
         if port != n.LISTENERS[name].default or n.LISTENERS[name].protocol:
             args += [n.LISTENERS[name].flag, str(port)]
-    user_args = [str(a) for a in model.get("args") or []]
-    if metrics_port(isvc) is not None and _flag(user_args, "--metrics-enable", "--metrics_enable") is None:
+    if metrics_port(spec) is not None and _flag(list(model.args), "--metrics-enable", "--metrics_enable") is None:
         args.append("--metrics-enable")  # KServe's scraping annotation asked for them
     container: dict[str, Any] = {
-        "name": model.get("name") or n.CONTAINER_NAME, "image": model.get("image") or cfg.image,
-        "command": ["ovserve"], "args": args + list(model.get("args") or []),
+        "name": model.name or n.CONTAINER_NAME, "image": model.image or cfg.image,
+        "command": ["ovserve"], "args": args + list(model.args),
         "ports": container_ports(ports),
         "readinessProbe": _probe("/v2/health/ready", 5, 3),
         "livenessProbe": _probe("/v2/health/live", 10, 3),
@@ -173,10 +155,11 @@ def ovserve_container(isvc: dict[str, Any], cfg: Config, storage_env: list[dict[
         "startupProbe": _probe("/v2/health/ready", 5, 120),
         "volumeMounts": mounts,
     }
-    for key in ("env", "resources"):
-        if model.get(key):
-            container[key] = copy.deepcopy(model[key])
-    pull = model.get("imagePullPolicy") or cfg.image_pull_policy
+    if model.env:
+        container["env"] = thaw(model.env)
+    if model.resources:
+        container["resources"] = thaw(model.resources)
+    pull = model.image_pull_policy or cfg.image_pull_policy
     if pull:
         container["imagePullPolicy"] = pull
     return container, inits, volumes
@@ -188,18 +171,17 @@ def _has_flag(args: list[str], flag: str) -> bool:
     return any(a.split("=", 1)[0] in spellings for a in args)
 
 
-def user_containers(isvc: dict[str, Any], component: str) -> list[dict[str, Any]]:
+def user_containers(spec: InferenceServiceSpec, component: str) -> list[dict[str, Any]]:
     """The user's containers; the first is named and, outside the predictor, wired to the predictor."""
-    containers: list[dict[str, Any]] = copy.deepcopy(isvc["spec"][component]["containers"])
+    containers: list[dict[str, Any]] = thaw(spec.components[component].containers)
     main = containers[0]
     main.setdefault("name", n.CONTAINER_NAME)
-    rest = serving_ports(isvc["spec"][component], component)["rest"]
+    rest = spec.components[component].ports["rest"]
     if not main.get("ports"):
         main["ports"] = container_ports({"rest": rest})
     if component != "predictor":
-        meta = isvc["metadata"]
-        wiring = {"--model_name": meta["name"],
-                  "--predictor_host": f"{n.child_name(meta['name'], 'predictor')}.{meta['namespace']}",
+        wiring = {"--model_name": spec.name,
+                  "--predictor_host": f"{n.child_name(spec.name, 'predictor')}.{spec.placed('namespace')}",
                   "--http_port": str(rest)}
         args = list(main.get("args") or [])
         for flag, value in wiring.items():
@@ -209,35 +191,31 @@ def user_containers(isvc: dict[str, Any], component: str) -> list[dict[str, Any]
     return containers
 
 
-def needs_s3_credentials(isvc: dict[str, Any]) -> bool:
+def needs_s3_credentials(spec: InferenceServiceSpec) -> bool:
     """The predictor's storage initializer fetches from S3: the handler looks up its credentials."""
-    spec = isvc["spec"]["predictor"]
-    return is_ovserve(spec) and plan(spec["model"]["storageUri"]).kind == "s3"
+    model = spec.predictor.model
+    return model is not None and model.storage.kind == "s3"
 
 
-def pod_spec(isvc: dict[str, Any], component: str, cfg: Config,
+def pod_spec(spec: InferenceServiceSpec, component: str, cfg: Config,
              storage_env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A component's pod; ``storage_env``: the predictor's storage initializer's env (``credentials.s3_env``,
     which needs the API; ``ovserve run`` has none: the local processes inherit the user's environment)."""
-    spec = isvc["spec"][component]
-    if component == "predictor" and is_ovserve(spec):
-        container, inits, volumes = ovserve_container(isvc, cfg, storage_env)
+    own = spec.components[component]
+    if own.model is not None:  # the predictor's model: the ovserve server
+        container, inits, volumes = ovserve_container(spec, own.model, cfg, storage_env)
         pod: dict[str, Any] = {"containers": [container]}
         if inits:
             pod["initContainers"] = inits
     else:
-        pod, volumes = {"containers": user_containers(isvc, component)}, []
-    volumes += copy.deepcopy(spec.get("volumes") or [])
+        pod, volumes = {"containers": user_containers(spec, component)}, []
+    volumes += thaw(own.volumes)
     if volumes:
         pod["volumes"] = volumes
-    for key in POD_FIELDS:
-        if spec.get(key):
-            pod[key] = copy.deepcopy(spec[key])
-    secure = tls.requested(isvc)
-    if secure is not None:  # serving.ovserve.io/tls-secret: every component's main container (operator/tls.py)
-        tls.secure_pod(pod, secure, component, component == "predictor" and is_ovserve(spec),
-                       serving_ports(spec, component)["rest"])
-    traced(pod["containers"][0], isvc, component)  # serving.ovserve.io/trace-*: OpenTelemetry's variables
+    pod.update(thaw(own.pod_fields))
+    if spec.tls is not None:  # serving.ovserve.io/tls-secret: every component's main container (operator/tls.py)
+        tls.secure_pod(pod, spec.tls, component, own.model is not None, own.ports["rest"])
+    traced(pod["containers"][0], spec, component)  # serving.ovserve.io/trace-*: OpenTelemetry's variables
     return pod
 
 
@@ -247,19 +225,19 @@ TRACE_ENDPOINT_ANNOTATION = "serving.ovserve.io/trace-endpoint"
 TRACE_SAMPLE_RATIO_ANNOTATION = "serving.ovserve.io/trace-sample-ratio"
 
 
-def traced(container: dict[str, Any], isvc: dict[str, Any], component: str) -> None:
+def traced(container: dict[str, Any], spec: InferenceServiceSpec, component: str) -> None:
     """With the InferenceService's ``serving.ovserve.io/trace-endpoint``, a component's main container gets the
     standard OpenTelemetry variables (as KServe's spec.tracing injects them): the endpoint, the
     parent-based ratio sampler and its ratio, and a service name per component (``<name>-<component>``).
     A variable the container's own env sets is left as it is; without the annotation, nothing changes."""
-    annotations = (isvc.get("metadata") or {}).get("annotations") or {}
+    annotations = spec.annotations or {}
     endpoint = annotations.get(TRACE_ENDPOINT_ANNOTATION)
     if not endpoint:
         return
     wanted = {"OTEL_EXPORTER_OTLP_ENDPOINT": str(endpoint), "OTEL_TRACES_EXPORTER": "otlp",
               "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
               "OTEL_TRACES_SAMPLER_ARG": str(annotations.get(TRACE_SAMPLE_RATIO_ANNOTATION, "1")),
-              "OTEL_SERVICE_NAME": f"{isvc['metadata']['name']}-{component}"}
+              "OTEL_SERVICE_NAME": f"{spec.name}-{component}"}
     env = container.setdefault("env", [])
     given = {var.get("name") for var in env}
     env.extend({"name": name, "value": value} for name, value in wanted.items() if name not in given)

@@ -76,10 +76,10 @@ def check(cluster: Cluster, config: Config, known: Known, namespace: str, name: 
     if isvc["metadata"].get("deletionTimestamp"):
         return []
     try:
-        validation.check(isvc)
+        spec = validation.validate(isvc)
     except validation.Invalid:
         return []  # reported in its status when it was handled; nothing to build
-    desired = manifests.children(isvc, config, cluster.hpa_api_version)
+    desired = manifests.children(spec, config, cluster.hpa_api_version)
     found = drift(cluster.children(namespace, name), desired, isvc["metadata"]["uid"])
     if found:
         log.info("[%s/%s] resync: %s; reconciling", namespace, name, "; ".join(found))

@@ -31,7 +31,7 @@ def load(path: Path) -> dict:
 
 def kids(name: str) -> dict[tuple[str, str], dict]:
     isvc = load(ROOT / "examples" / name)
-    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, Config(image="ovserve:0.1.0"))}
+    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validation.validate(isvc), Config(image="ovserve:0.1.0"))}
 
 
 def test_there_are_examples_of_each_shape() -> None:
@@ -54,7 +54,7 @@ def test_the_operator_accepts_it(path: Path) -> None:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_its_children_are_valid_kubernetes(path: Path, version: str) -> None:
-    children = manifests.children(load(path), Config(image="ovserve:0.1.0"))
+    children = manifests.children(validation.validate(load(path)), Config(image="ovserve:0.1.0"))
     assert children
     for child in children:
         kubernetes_validate.validate(copy.deepcopy(child), version, strict=True)

@@ -319,7 +319,7 @@ def test_the_operator_wiring_of_the_example_starts_the_explainer(predictor):
     isvc = yaml.safe_load((Path(__file__).parents[1] / "examples/explainer/isvc.yaml").read_text())
     isvc["metadata"].update(namespace="ml", uid="uid-cat", generation=1)
     validation.check(isvc)
-    children = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, Config())}
+    children = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validation.validate(isvc), Config())}
     (container,) = children[("Deployment", "cat-classifier-explainer")]["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     ns = build_parser().parse_args(args)

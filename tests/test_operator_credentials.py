@@ -11,6 +11,7 @@ import pytest
 
 from ovserve.operator import credentials, manifests, pods
 from ovserve.operator.config import Config
+from ovserve.operator.validation import validate
 
 from .test_operator_manifests import load
 
@@ -85,10 +86,11 @@ def s3_isvc(account: str | None = "models-reader") -> dict:
 
 def test_the_init_container_carries_the_env_and_the_pod_the_account() -> None:
     isvc = s3_isvc()
-    assert pods.needs_s3_credentials(isvc) and credentials.service_account_name(isvc) == "models-reader"
-    assert credentials.service_account_name(s3_isvc(None)) == "default"
+    spec = validate(isvc)
+    assert pods.needs_s3_credentials(spec) and credentials.service_account_name(spec) == "models-reader"
+    assert credentials.service_account_name(validate(s3_isvc(None))) == "default"
     env = credentials.s3_env(None, [S3_SECRET])
-    children = manifests.children(isvc, CFG, storage_env=env)
+    children = manifests.children(spec, CFG, storage_env=env)
     deployment = next(c for c in children if c["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     init = pod["initContainers"][0]
@@ -99,6 +101,6 @@ def test_the_init_container_carries_the_env_and_the_pod_the_account() -> None:
 
 
 def test_other_storage_needs_no_credentials() -> None:
-    assert not pods.needs_s3_credentials(load("predictor"))  # https://
-    assert not pods.needs_s3_credentials(load("explainer"))  # pvc://
-    assert not pods.needs_s3_credentials(load("custom"))  # the user's containers
+    assert not pods.needs_s3_credentials(validate(load("predictor")))  # https://
+    assert not pods.needs_s3_credentials(validate(load("explainer")))  # pvc://
+    assert not pods.needs_s3_credentials(validate(load("custom")))  # the user's containers

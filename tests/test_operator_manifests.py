@@ -3,6 +3,7 @@ and validated against the Kubernetes schemas (strict) of several versions."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import yaml
 
 from ovserve.operator import manifests
 from ovserve.operator.config import Config
+from ovserve.operator.storage_uri import plan as storage_plan
+from ovserve.operator.validation import validate
 
 DATA = Path(__file__).parent / "data/isvc"
 EXAMPLES = sorted(p.stem for p in DATA.glob("*.yaml"))
@@ -26,7 +29,7 @@ def load(stem: str, namespace: str = "ml") -> dict:
 
 
 def build(stem: str, hpa_version: str = "autoscaling/v2") -> dict[tuple[str, str], dict]:
-    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(load(stem), CFG, hpa_version)}
+    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(load(stem)), CFG, hpa_version)}
 
 
 def dig(obj: object, path: str) -> object:
@@ -195,24 +198,44 @@ def test_strict_validation_catches_a_broken_child() -> None:
 def test_builders_are_pure(stem: str) -> None:
     isvc = load(stem)
     before = copy.deepcopy(isvc)
-    first = manifests.children(isvc, CFG)
+    first = manifests.children(validate(isvc), CFG)
     assert isvc == before
-    assert manifests.children(isvc, CFG) == first
+    assert manifests.children(validate(isvc), CFG) == first
     first[0]["metadata"]["labels"]["x"] = "y"  # results share nothing with later results
-    assert "x" not in manifests.children(isvc, CFG)[0]["metadata"]["labels"]
+    assert "x" not in manifests.children(validate(isvc), CFG)[0]["metadata"]["labels"]
 
+
+
+def test_the_spec_is_read_once_and_frozen() -> None:
+    """validate() reads the document into an immutable spec: changing the document afterwards changes
+    nothing built from it, and neither the spec nor what it passes through can be changed in place."""
+    isvc = load("transformer")
+    spec = validate(isvc)
+    first = manifests.children(spec, CFG)
+    isvc["metadata"]["name"] = "other"
+    isvc["spec"]["transformer"]["containers"][0]["args"].append("--changed")
+    assert manifests.children(spec, CFG) == first
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "other"  # type: ignore[misc]
+    transformer = spec.components["transformer"]
+    with pytest.raises(TypeError):
+        transformer.containers[0]["image"] = "other"  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        transformer.containers[0]["args"].append("--changed")
+    assert spec.predictor.model is not None and spec.predictor.model.storage == storage_plan(
+        isvc["spec"]["predictor"]["model"]["storageUri"])
 
 def test_user_wiring_flags_win() -> None:
     isvc = load("transformer")
     isvc["spec"]["transformer"]["containers"][0]["args"] = ["--predictor_host=elsewhere:80", "--model_name", "m"]
-    deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}[(D, "classifier-transformer")]
+    deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}[(D, "classifier-transformer")]
     assert dig(deployment, f"{SERVER}.args") == ["--predictor_host=elsewhere:80", "--model_name", "m", "--http_port", "8080"]
 
 
 def test_user_wiring_flags_win_in_dashed_spelling_too() -> None:
     isvc = load("transformer")
     isvc["spec"]["transformer"]["containers"][0]["args"] = ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
-    deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}[(D, "classifier-transformer")]
+    deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}[(D, "classifier-transformer")]
     assert dig(deployment, f"{SERVER}.args") == ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
 
 
@@ -220,7 +243,7 @@ def test_user_wiring_flags_win_in_dashed_spelling_too() -> None:
 def test_only_grpc_v1_gets_the_torchserve_port(protocol: str | None) -> None:
     isvc = load("torchserve")
     isvc["spec"]["predictor"]["model"]["protocolVersion"] = protocol
-    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}
     container = dig(kids[(D, "pets-predictor")], SERVER)
     assert "--ts-inference-port" not in container["args"]
     assert [p["name"] for p in container["ports"]] == ["http", "h2c"]
@@ -231,7 +254,7 @@ def test_the_torchserve_port_moves_with_a_port_named_grpc_ts() -> None:
     isvc = load("torchserve")
     isvc["spec"]["predictor"]["model"]["ports"] = [{"name": "grpc-ts", "containerPort": 7080},
                                                    {"name": "h2c", "containerPort": 9000}]
-    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}
     container = dig(kids[(D, "pets-predictor")], SERVER)
     assert container["args"][5:9] == ["--grpc-port", "9000", "--ts-inference-port", "7080"]
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", 8080), ("h2c", 9000),
@@ -246,17 +269,17 @@ def test_the_torchserve_port_moves_with_a_port_named_grpc_ts() -> None:
 def test_a_transformer_in_front_leaves_the_torchserve_port_on_the_predictor() -> None:
     isvc = load("torchserve")
     isvc["spec"]["transformer"] = load("transformer")["spec"]["transformer"]
-    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    kids = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}
     assert [p["port"] for p in dig(kids[(S, "pets-predictor")], "spec.ports")] == [80, 8081, 7070]
     # the entry Service is the transformer's: TorchServe's API is the predictor's
     assert [p["port"] for p in dig(kids[(S, "pets")], "spec.ports")] == [80]
 
 
 def test_stale_children() -> None:
-    with_transformer = manifests.children(load("transformer"), CFG)
+    with_transformer = manifests.children(validate(load("transformer")), CFG)
     isvc = load("transformer")
     del isvc["spec"]["transformer"]
-    desired = manifests.children(isvc, CFG)
+    desired = manifests.children(validate(isvc), CFG)
     foreign = copy.deepcopy(with_transformer[0])
     foreign["metadata"].update(name="someone-else", ownerReferences=[{"uid": "other"}])
     gone = manifests.stale(with_transformer + [foreign], desired, "uid-transformer")

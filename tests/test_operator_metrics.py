@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 
 from ovserve.operator import manifests, metrics
+from ovserve.operator.validation import validate
 from ovserve.operator import names as n
 
 from .test_operator_manifests import CFG, K8S_VERSIONS, load
@@ -18,7 +19,7 @@ SCRAPE = {"prometheus.kserve.io/port": "8080", "prometheus.kserve.io/path": "/me
 
 
 def children(isvc: dict) -> dict[tuple[str, str], dict]:
-    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}
 
 
 def with_metrics(annotation: str | None = "true", args: list[str] | None = None) -> dict:

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from ovserve.operator import manifests, tls
-from ovserve.operator.validation import Invalid, check
+from ovserve.operator.validation import Invalid, check, validate
 
 from .test_operator_manifests import CFG, K8S_VERSIONS, load
 
@@ -36,7 +36,7 @@ def annotated(stem: str, mutual: bool | None = None, secret: str = SECRET) -> di
 
 
 def children(isvc: dict) -> dict[tuple[str, str], dict]:
-    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(isvc, CFG)}
+    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}
 
 
 def main_container(child: dict) -> dict:
@@ -121,15 +121,15 @@ def test_a_variable_the_spec_sets_wins() -> None:
 @pytest.mark.parametrize("stem", ["predictor", "transformer", "explainer", "custom", "torchserve"])
 @pytest.mark.parametrize("mutual", [False, True])
 def test_every_tls_child_is_valid_kubernetes(stem: str, mutual: bool, version: str) -> None:
-    for child in manifests.children(annotated(stem, mutual), CFG):
+    for child in manifests.children(validate(annotated(stem, mutual)), CFG):
         kubernetes_validate.validate(child, version, strict=True)
 
 
 def test_tls_builders_are_pure() -> None:
     isvc = annotated("transformer", mutual=True)
     before = copy.deepcopy(isvc)
-    first = manifests.children(isvc, CFG)
-    assert isvc == before and manifests.children(isvc, CFG) == first
+    first = manifests.children(validate(isvc), CFG)
+    assert isvc == before and manifests.children(validate(isvc), CFG) == first
 
 
 @pytest.mark.parametrize("notes, field, words", [

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from ovserve.operator import manifests
 from ovserve.operator.pods import TRACE_ENDPOINT_ANNOTATION, TRACE_SAMPLE_RATIO_ANNOTATION
+from ovserve.operator.validation import validate
 
 from .test_operator_manifests import CFG, load
 
 
 def env_of(isvc: dict, deployment: str) -> dict[str, str]:
-    (child,) = [c for c in manifests.children(isvc, CFG) if c["kind"] == "Deployment"
+    (child,) = [c for c in manifests.children(validate(isvc), CFG) if c["kind"] == "Deployment"
                 and c["metadata"]["name"] == deployment]
     return {v["name"]: v.get("value") for v in child["spec"]["template"]["spec"]["containers"][0].get("env", [])}
 

@@ -206,9 +206,9 @@ def mutated(draw: st.DrawFn) -> dict:
 def test_a_valid_spec_builds_valid_kubernetes_objects_deterministically(isvc: dict) -> None:
     before = copy.deepcopy(isvc)
     validation.check(isvc)
-    children = manifests.children(isvc, CFG)
+    children = manifests.children(validation.validate(isvc), CFG)
     assert isvc == before, "the builders changed their input"
-    assert manifests.children(copy.deepcopy(isvc), CFG) == children
+    assert manifests.children(validation.validate(copy.deepcopy(isvc)), CFG) == children
     names = [(c["kind"], c["metadata"]["name"]) for c in children]
     assert len(names) == len(set(names))
     for child in children:
@@ -220,7 +220,7 @@ def test_a_valid_spec_builds_valid_kubernetes_objects_deterministically(isvc: di
 def test_the_operator_resync_sees_no_drift_in_what_it_built(isvc: dict, hpa: str) -> None:
     from ovserve.operator.resync import drift
 
-    children = manifests.children(isvc, CFG, hpa)
+    children = manifests.children(validation.validate(isvc), CFG, hpa)
     uid = isvc["metadata"]["uid"]
     assert drift(children, children, uid) == []
     for i, child in enumerate(children):  # any one child gone is named
@@ -255,7 +255,7 @@ def refused_or_built(doc: object) -> None:
     meta = doc["metadata"]  # type: ignore[index]
     meta.setdefault("namespace", "ns")
     meta.setdefault("uid", "uid")
-    manifests.children(doc, CFG)  # type: ignore[arg-type]
+    manifests.children(validation.validate(doc), CFG)  # type: ignore[arg-type]
 
 
 def run_refused_or_planned(doc: object, workdir: Path) -> None:

@@ -11,14 +11,19 @@ import pytest
 import yaml
 
 from ovserve.operator.local.plan import RunError, load, local_args, plan, prepare, strip_flags
+from ovserve.operator.spec import InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = [sys.executable, "-m", "ovserve.server"]
 
 
-def isvc(name: str) -> dict:
+def document(name: str) -> dict:
     path = ROOT / "examples" / name if (ROOT / "examples" / name).exists() else ROOT / "tests/data/isvc" / name
-    return prepare(yaml.safe_load(path.read_text()))
+    return yaml.safe_load(path.read_text())
+
+
+def isvc(name: str) -> InferenceServiceSpec:
+    return prepare(document(name))
 
 
 def test_strip_flags_takes_every_spelling() -> None:
@@ -30,7 +35,7 @@ def test_strip_flags_takes_every_spelling() -> None:
 
 def test_prepare_fills_what_the_api_server_would_and_validates() -> None:
     got = isvc("demo-add.yaml")
-    assert got["metadata"]["namespace"] == "default" and got["metadata"]["uid"]
+    assert got.namespace == "default" and got.uid
     bad = yaml.safe_load((ROOT / "examples/demo-add.yaml").read_text())
     bad["spec"]["predictor"]["model"]["modelFormat"]["name"] = "sklearn"
     with pytest.raises(RunError, match="modelFormat.name: 'sklearn' is not supported"):
@@ -91,9 +96,9 @@ def test_grpc_v1_adds_the_torchserve_listener_on_a_free_port(tmp_path: Path) -> 
 def test_without_grpc_v1_there_is_no_torchserve_listener_unless_the_args_ask(tmp_path: Path) -> None:
     (predictor,) = plan(isvc("demo-add.yaml"), tmp_path)
     assert list(predictor.main.listeners) == ["rest", "grpc"]
-    spec = isvc("demo-add.yaml")
+    spec = document("demo-add.yaml")
     spec["spec"]["predictor"]["model"]["args"] = ["--ts-inference-port=7075"]  # as the server in a pod would
-    (predictor,) = plan(spec, tmp_path)
+    (predictor,) = plan(prepare(spec), tmp_path)
     assert "--ts-inference-port=7075" not in predictor.main.argv
     assert predictor.main.listeners == {"rest": 8080, "grpc": 8081, "ts-inference": 7075}
 
@@ -106,27 +111,26 @@ def test_the_transformer_gets_the_local_predictor(tmp_path: Path) -> None:
     assert t.readiness.path == "/v2/health/ready" and not transformer.inits
     assert local_args(t, "127.0.0.1", 9000, None, (1111, 2222)) == [
         "--host", "127.0.0.1", "--http_port", "9000", "--predictor_host", "127.0.0.1:1111"]
-    spec = isvc("classifier-transformer.yaml")
+    spec = document("classifier-transformer.yaml")
     spec["spec"]["transformer"]["containers"][0]["args"] += ["--predictor-protocol=grpc-v2", "--grpc_port", "9"]
-    t = plan(spec, tmp_path)[1].main
+    t = plan(prepare(spec), tmp_path)[1].main
     assert local_args(t, "127.0.0.1", 0, 0, (1111, 2222)) == [
         "--host", "127.0.0.1", "--http_port", "0", "--grpc_port", "0", "--predictor_host", "127.0.0.1:2222"]
 
 
 def test_a_container_without_command_runs_the_image_entrypoint(tmp_path: Path) -> None:
-    spec = isvc("explainer/isvc.yaml")
-    explainer = plan(spec, tmp_path)[1].main
+    spec = document("explainer/isvc.yaml")
+    explainer = plan(prepare(spec), tmp_path)[1].main
     assert explainer.argv[:5] == PY + ["explainer", "--predictor_protocol"]
     assert "--predictor_host" not in explainer.argv and "--http_port" not in explainer.argv
     assert explainer.grpc_predictor is False and explainer.readiness is None
     spec["spec"]["explainer"]["containers"][0]["command"] = ["python3", "-m", "ovserve.server"]
-    assert plan(spec, tmp_path)[1].main.argv[:4] == PY + ["explainer"]
+    assert plan(prepare(spec), tmp_path)[1].main.argv[:4] == PY + ["explainer"]
 
 
 def _predictor_container(**container: object) -> dict:
-    return prepare({"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-                    "metadata": {"name": "c"},
-                    "spec": {"predictor": {"containers": [{"name": "main", "image": "ovserve:1", **container}]}}})
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "c"},
+            "spec": {"predictor": {"containers": [{"name": "main", "image": "ovserve:1", **container}]}}}
 
 
 @pytest.mark.parametrize("container, pod, reason", [
@@ -145,7 +149,7 @@ def test_what_needs_a_cluster_is_refused_with_the_reason(tmp_path: Path, contain
     spec = _predictor_container(**container)
     spec["spec"]["predictor"].update(copy.deepcopy(pod))
     with pytest.raises(RunError, match=None) as err:
-        plan(spec, tmp_path)
+        plan(prepare(spec), tmp_path)
     assert reason in str(err.value) and str(err.value).startswith("predictor: ")
 
 
@@ -155,13 +159,13 @@ def test_sidecars_are_refused_and_user_volumes_emulated(tmp_path: Path) -> None:
                                      {"name": "WHERE", "value": "/data/models"}],
                                 volumeMounts=[{"name": "data", "mountPath": "/data"}])
     spec["spec"]["predictor"]["volumes"] = [{"name": "data", "emptyDir": {}}]
-    (predictor,) = plan(spec, tmp_path)
+    (predictor,) = plan(prepare(spec), tmp_path)
     local = tmp_path / "predictor" / "data"
     assert predictor.main.argv == PY + ["serve", "--model-repository", str(local / "models")]
     assert predictor.main.env == {"OVSERVE_LOG_LEVEL": "debug", "WHERE": str(local / "models")}
     spec["spec"]["predictor"]["containers"].append({"name": "proxy", "image": "envoy"})
     with pytest.raises(RunError, match="sidecar containers \\(proxy\\) are not run locally"):
-        plan(spec, tmp_path)
+        plan(prepare(spec), tmp_path)
 
 
 #: ``ovserve run`` in a process where the operator's extra is not installed: importing kopf, the

@@ -54,14 +54,14 @@ def main(ns: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None
     previous: dict[signal.Signals, Any] = {}
     failure, code = "", 0
     try:
-        isvc = prepare(load(ns.file))
-        components = plan(isvc, workdir)
+        spec = prepare(load(ns.file))
+        components = plan(spec, workdir)
     except RunError as exc:
         shutil.rmtree(workdir, ignore_errors=True)
         say(err, f"ovserve run: error: {exc}")
         return EXIT_USAGE
     try:
-        supervisor = Supervisor(isvc, components, ns.http_port, out, err,
+        supervisor = Supervisor(spec, components, ns.http_port, out, err,
                                 {"grpc": ns.grpc_port, "ts-inference": ns.ts_inference_port})
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, supervisor.on_signal)

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import names, pods, validation
 from ..config import Config
+from ..spec import InferenceServiceSpec
 
 NAMESPACE = "default"
 #: The image's entrypoint and default arguments (Dockerfile.server), for containers that give no command.
@@ -121,32 +122,26 @@ def _yaml_problem(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def prepare(isvc: object) -> dict[str, Any]:
-    """What the API server would add (namespace, uid), then the operator's own validation."""
+def prepare(isvc: object) -> InferenceServiceSpec:
+    """What the API server would add (namespace, uid), then the operator's own validation: the typed spec
+    the operator's builders take."""
     isvc = copy.deepcopy(isvc)
     meta = isvc.setdefault("metadata", {}) if isinstance(isvc, dict) else None
     if isinstance(meta, dict):  # anything else is refused by the validation below
         meta.setdefault("namespace", NAMESPACE)
         meta.setdefault("uid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"ovserve-run/{meta.get('name')}")))
     try:
-        validation.check(isvc)
+        return validation.validate(isvc)
     except validation.Invalid as exc:
         raise RunError(f"invalid InferenceService: {exc}") from None
-    assert isinstance(isvc, dict)  # check() refuses anything else
-    return isvc
 
 
-def entry_component(isvc: dict[str, Any]) -> str:
-    """The component the InferenceService's own address routes to (as ``manifests.entry_service``)."""
-    return "transformer" if isvc["spec"].get("transformer") else "predictor"
-
-
-def plan(isvc: dict[str, Any], workdir: Path) -> list[Component]:
+def plan(spec: InferenceServiceSpec, workdir: Path) -> list[Component]:
     """The components to start, in order (predictor first), each with its init containers."""
     out = []
-    for component in names.present_components(isvc):
-        pod = pods.pod_spec(isvc, component, Config())
-        ports = pods.serving_ports(isvc["spec"][component], component)
+    for component, own in spec.components.items():
+        pod = pods.pod_spec(spec, component, Config())
+        ports = dict(own.ports)
         mounts_root = workdir / component
         volumes, folders = _volumes(pod, component, mounts_root)
         if len(pod["containers"]) > 1:
@@ -317,7 +312,7 @@ def _probe(container: dict[str, Any], key: str, where: str, ports: dict[str, int
 
 
 def _proc(component: str, container: dict[str, Any], volumes: dict[str, Path], ports: dict[str, int]) -> Proc:
-    """One container as a process; ``ports``: the component's container ports by listener (``pods.serving_ports``)."""
+    """One container as a process; ``ports``: the component's container ports by listener (``ComponentSpec.ports``)."""
     name = container.get("name", "?")
     rest, grpc = ports["rest"], ports.get("grpc")
     where = f"{component}: container {name!r}: "

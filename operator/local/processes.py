@@ -23,13 +23,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import IO, Any
+from typing import IO
 
 from ovserve.server.child import Child
 
 from ..names import LISTENERS
-from ..pods import is_ovserve
-from .plan import Component, Probe, Proc, RunError, entry_component, local_args
+from ..spec import InferenceServiceSpec
+from .plan import Component, Probe, Proc, RunError, local_args
 
 HOST = "127.0.0.1"
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
@@ -108,13 +108,13 @@ def _load_failure(base: str, name: str) -> str:
 class Supervisor:
     """The processes of one ``ovserve run``: started in pod order, watched, stopped in reverse."""
 
-    def __init__(self, isvc: dict[str, Any], components: list[Component], http_port: int, out: IO[str],
+    def __init__(self, spec: InferenceServiceSpec, components: list[Component], http_port: int, out: IO[str],
                  err: IO[str], predictor_ports: dict[str, int] | None = None) -> None:
-        self.isvc, self.components, self.http_port = isvc, components, http_port
+        self.spec, self.components, self.http_port = spec, components, http_port
         #: the predictor's listeners the command line fixed (``grpc``, ``ts-inference``); the others: free ports
         self.predictor_ports = {k: v for k, v in (predictor_ports or {}).items() if v}
         self.out, self.err = out, err
-        self.entry = entry_component(isvc)
+        self.entry = spec.entry
         self.running: list[Running] = []
         self.stop = threading.Event()
         self.signals = 0
@@ -227,7 +227,7 @@ class Supervisor:
     def _model_loaded(self, r: Running) -> None:
         """A server is ready once its first load is over, whatever its outcome (as OVMS): here, where a
         user tries a model, a model that failed to load stops the run with the reason."""
-        name = self.isvc["metadata"]["name"]
+        name = self.spec.name
         base = f"http://{HOST}:{r.ports.rest}"
         try:
             with _HTTP.open(f"{base}/v2/models/{name}/ready", timeout=5) as resp:
@@ -252,11 +252,11 @@ class Supervisor:
             r = self._main(component, predictor)
             if component.name == "predictor":
                 predictor = r
-                if is_ovserve(self.isvc["spec"]["predictor"]):  # serves one model, named after the isvc
+                if self.spec.predictor.model is not None:  # serves one model, named after the isvc
                     self._model_loaded(r)
             self._announce(component, r)
         entry = next(r for r in self.running if r.spec.component == self.entry)
-        name = self.isvc["metadata"]["name"]
+        name = self.spec.name
         say(self.out, f"model: {name} (POST http://{HOST}:{entry.ports.rest}/v2/models/{name}/infer); "
              "Ctrl-C stops everything")
 
