@@ -60,7 +60,8 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 #: Seconds the last replies get to be written (from the end of their call) before the engine
 #: closes its connections.
 FLUSH_PAUSE = 1.0
-#: At shutdown, grpcio's GOAWAY waits at most this long for the calls in flight to end (new ones are served).
+#: At shutdown, grpcio serves new calls as usual for at most this long while it waits for the calls in flight to
+#: end; past it, it refuses new ones until they have (listener.stop).
 GOAWAY_WITHIN = 5.0
 #: CPUs per I/O thread of the native engine, and its own default number of them (the most it gets)
 CPUS_PER_NATIVE_IO_THREAD = 4
@@ -278,18 +279,21 @@ class GrpcListener:
         if self.server is None:  # never bound (another listener could not start)
             return
         if self.engine == "grpcio":
-            # No call refused: until the GOAWAY, new calls are served as usual. Refusing them UNAVAILABLE, on
+            # First, for up to GOAWAY_WITHIN, new calls are served as usual. Refusing them UNAVAILABLE at once, on
             # connections nobody had told to move, failed every call a client sent on its long-lived channel
             # in that second (a rolling update in a cluster: issue 35). But the GOAWAY waits for the calls in
             # flight to end and their replies to go out: gRPC's C core closes a connection as soon as its last
             # call after the GOAWAY has ended, and a client still reading a large reply then got a reset and
             # lost it ("Stream removed ... Connection reset by peer"; 2 MB replies, 1 run in 10 under load).
-            # Past GOAWAY_WITHIN (or half the grace) the GOAWAY goes anyway, and the calls then in flight get
-            # what is left of the grace.
+            # Still busy after GOAWAY_WITHIN (or half the grace: clients that never pause), new calls are
+            # refused UNAVAILABLE from then on, until those in flight have ended: the GOAWAY never goes out with
+            # a call in flight.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace
             await self.health.enter_graceful_shutdown()
-            await self._drain(min(GOAWAY_WITHIN, grace / 2))
+            if not await self.in_flight.wait_idle(min(GOAWAY_WITHIN, grace / 2)):
+                self.in_flight.closing = True
+            await self._drain(max(0.0, deadline - loop.time()))
             await self.server.stop(max(0.0, deadline - loop.time()))
             return
         self.in_flight.closing = True  # from now on, before anything else awaits
