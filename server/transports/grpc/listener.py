@@ -304,9 +304,9 @@ class GrpcListener:
     async def _drain(self, grace: float) -> float:
         """Every engine closes a connection once its calls have ended after the stop, which can cut a reply
         still being written (pygrpc-native's 4 MB replies; grpcio's 2 MB ones to a client slow to read). So
-        ovserve waits up to ``grace`` for the calls in flight (the experimental engines refuse new ones
-        meanwhile; grpcio serves them) and gives the last replies a moment to go out before the engine's
-        stop. Returns what is left of ``grace``."""
+        ovserve waits up to ``grace`` for the calls in flight (new ones are served or refused UNAVAILABLE as
+        ``in_flight.closing`` says: stop() decides) and gives the last replies a moment to go out before the
+        engine's stop. Returns what is left of ``grace``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         if await self.in_flight.wait_idle(grace):
