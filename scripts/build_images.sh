@@ -11,6 +11,9 @@
 #   --tag TAG                default: the chart's appVersion (the tag `helm install` deploys)
 #   --base IMAGE             the base image (build argument BASE_IMAGE; default: the Dockerfiles' pinned one)
 #   --logs DIR               keep each build's log there as build-<image>.log (default: a temporary folder)
+#   --wheels DIR             (buildah) a wheelhouse: the locks' wheels are downloaded there on this host (pip, hashes
+#                            checked; files already there are kept) and the build installs from it alone, with no
+#                            index (the same locked files, byte for byte; the image tier keeps one between runs)
 # buildah builds with chroot isolation into the storage $CONTAINERS_STORAGE_CONF names (scripts/image_testbed.sh
 # makes one with the vfs driver), in the docker format (the OCI format has no HEALTHCHECK: docs/packaging.md).
 # Where the package index is reached through a TLS-intercepting proxy, pip in the build needs the host's CA
@@ -18,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ENGINE="" TAG="" BASE="" LOGS=""
+ENGINE="" TAG="" BASE="" LOGS="" WHEELS=""
 IMAGES=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
         --tag) TAG=$2; shift 2 ;;
         --base) BASE=$2; shift 2 ;;
         --logs) LOGS=$2; shift 2 ;;
+        --wheels) WHEELS=$2; shift 2 ;;
         server|operator) IMAGES+=("$1"); shift ;;
         *) echo "build_images.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -55,11 +59,24 @@ args=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION")
 [ -z "$BASE" ] || args+=(--build-arg "BASE_IMAGE=$BASE")
 if [ "$ENGINE" = buildah ]; then
     args+=(--isolation chroot --layers=false --format docker)
+    printf '[global]\n' > "$WORK/pip.conf"
     if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
-        printf '[global]\ncert = /run/host-certs/ca-certificates.crt\n' > "$WORK/pip.conf"
-        args+=(--volume /etc/ssl/certs/ca-certificates.crt:/run/host-certs/ca-certificates.crt:ro
-               --volume "$WORK/pip.conf:/etc/pip.conf:ro")
+        printf 'cert = /run/host-certs/ca-certificates.crt\n' >> "$WORK/pip.conf"
+        args+=(--volume /etc/ssl/certs/ca-certificates.crt:/run/host-certs/ca-certificates.crt:ro)
     fi
+    if [ -n "$WHEELS" ]; then
+        # every lock the Dockerfiles install from, for this base's platform (the host's: the same Debian and Python)
+        mkdir -p "$WHEELS"
+        WHEELS=$(cd "$WHEELS" && pwd)
+        for lock in build sbom server operator; do
+            ${PYTHON:-python3} -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
+                --only-binary :all: -r "requirements/$lock.txt" -d "$WHEELS" >&2 \
+                || { echo "build_images.sh: the wheels of requirements/$lock.txt could not be downloaded" >&2; exit 1; }
+        done
+        printf 'no-index = true\nfind-links = /run/wheels\n' >> "$WORK/pip.conf"
+        args+=(--volume "$WHEELS:/run/wheels:ro")
+    fi
+    args+=(--volume "$WORK/pip.conf:/etc/pip.conf:ro")
 fi
 for image in "${IMAGES[@]}"; do
     name=$([ "$image" = server ] && echo ovserve || echo ovserve-operator)

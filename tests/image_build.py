@@ -3,12 +3,15 @@
 The images tier (tests/test_container_images.py) runs them with podman; the cluster tier
 (e2e/test_cluster.py) imports them into a real node's containerd. One ``scripts/build_images.sh``
 run serves both (about 100 s on two cores), under a tag of this session's own (``test-<pid>``),
-so that two runs on one machine never meet; the images are removed when the session ends.
+so that two runs on one machine never meet; the images are removed when the session ends. The locks'
+wheels are kept between runs in a wheelhouse (``--wheels``): the build installs the same hashed files
+without going to the package index each time.
 """
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("OVSERVE_IMAGES_CACHE") or Path.home() / ".cache/ovserve/images")
 STORAGE_CONF = CACHE / "storage.conf"
+WHEELS = CACHE / "wheels"
 #: the stand-in base scripts/image_testbed.sh makes; OVSERVE_IMAGE_BASE names another, e.g. the Dockerfiles' own
 #: official base by digest, which the build pulls (.github/workflows/e2e.yml runs the tier so)
 STAND_IN = "localhost/ovserve-base:3.11-bookworm"
@@ -51,13 +55,14 @@ def shared(request: pytest.FixtureRequest) -> Images:
     tag = f"test-{os.getpid()}"
     started = time.monotonic()
     built = subprocess.run(["bash", str(ROOT / "scripts/build_images.sh"), "--engine", "buildah", "--tag", tag,
-                            "--base", BASE, "--logs", str(logs)], env=ENV, capture_output=True, text=True,
+                            "--base", BASE, "--logs", str(logs), "--wheels", str(WHEELS)],
+                           env={**ENV, "PYTHON": sys.executable}, capture_output=True, text=True,
                            timeout=1800, check=False)
     refs = built.stdout.split()
 
     def remove() -> None:
-        for ref in refs:
-            subprocess.run(["buildah", "rmi", "-f", ref], env=ENV, capture_output=True, check=False)
+        if refs:
+            subprocess.run(["buildah", "rmi", "-f", *refs], env=ENV, capture_output=True, check=False)
 
     request.session.addfinalizer(remove)  # type: ignore[attr-defined]
     assert built.returncode == 0 and len(refs) == 2, built.stderr[-4000:]
