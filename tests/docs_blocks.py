@@ -77,8 +77,8 @@ class Block:
         for line in self.text.splitlines():
             match = _PIP_INSTALL.match(line) if self.language == "bash" else None
             if match:
-                for arg in match["args"].split():
-                    arg = arg.strip("'\"")
+                for raw in match["args"].split():
+                    arg = raw.strip("'\"")
                     if not arg.startswith("-"):
                         names.append(re.split(r"[\[<>=!~;]", arg, maxsplit=1)[0])
         return names
@@ -89,7 +89,7 @@ class Block:
         if self.language == "bash":
             lines = [f"# (installed already) {line}" if _PIP_INSTALL.match(line) else line for line in lines]
         text = "\n".join(lines) + "\n"
-        return re.sub(r"(?<!\d)(%s)(?!\d)" % "|".join(map(str, ports)), lambda m: str(ports[int(m[1])]), text)
+        return re.sub(r"(?<!\d)({})(?!\d)".format("|".join(map(str, ports))), lambda m: str(ports[int(m[1])]), text)
 
     def starts_servers(self) -> bool:
         """Whether it starts servers of its own (then it gets ports of its own)."""

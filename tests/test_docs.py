@@ -19,8 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -62,7 +62,7 @@ def server(workdir: Path) -> Iterator[ServerProcess]:
 def ports_for(block: Block, server: ServerProcess) -> dict[int, int]:
     """The docs' ports -> the tier's: the module server's, or fresh ones for a block with servers of its own."""
     if block.starts_servers():
-        return dict(zip(DOC_PORTS, free_ports(len(DOC_PORTS))))
+        return dict(zip(DOC_PORTS, free_ports(len(DOC_PORTS)), strict=True))
     return {8080: server.rest_port, 8081: server.grpc_port, 7070: server.ports["ts-inference"],
             7071: server.ports["ts-management"], 8090: free_ports(1)[0]}
 
