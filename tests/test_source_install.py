@@ -29,12 +29,20 @@ def readme_block(text: str) -> Block:
     return block
 
 
-def install(tmp_path: Path, script: str) -> Path:
-    """A new virtual environment, and ``script`` run in the checkout with its ``pip`` first on PATH."""
-    path = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new virtual environment (Python's own pip in it), shared by the tests: each removes what the one
+    before installed."""
+    path = tmp_path_factory.mktemp("source-install") / "venv"
     venv.create(path, with_pip=True, clear=True)
+    return path
+
+
+def install(path: Path, script: str) -> Path:
+    """``script`` run in the checkout with the environment's ``pip`` first on PATH, after removing ovserve."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(PATH=f"{path / 'bin'}{os.pathsep}{env.get('PATH', '')}", PIP_NO_DEPS="1", PIP_QUIET="1")
+    script = f"pip uninstall --yes ovserve ovserve-client\n{script}"
     done = subprocess.run(["bash", "-e", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -58,19 +66,18 @@ def check_installed(path: Path) -> None:
     assert (path / "bin" / "ovserve").is_file() and (path / "bin" / "ovserve-infer").is_file()
 
 
-def test_the_readmes_command_installs_from_the_checkout(tmp_path: Path) -> None:
+def test_the_readmes_command_installs_from_the_checkout(fresh_venv: Path) -> None:
     block = readme_block("pip install ./packaging/client .")
     (command,) = [line.split("#")[0].strip() for line in block.text.splitlines() if line.startswith("pip install")]
-    check_installed(install(tmp_path, command))
+    check_installed(install(fresh_venv, command))
 
 
-def test_the_readmes_git_url_command_installs_from_a_clone(tmp_path: Path) -> None:
+def test_the_readmes_git_url_command_installs_from_a_clone(fresh_venv: Path) -> None:
     """The git URL form, with this checkout as the repository (its last commit, as a clone would have it)."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the git URL form needs one")
     block = readme_block("git+")
-    script = "\n".join(f"REPO=git+file://{ROOT}" if line.startswith("REPO=") else line
+    # file://localhost/...: Python 3.11's own pip (23.2) refuses file:/// (no host) in a `name @ URL`
+    script = "\n".join(f"REPO=git+file://localhost{ROOT}" if line.startswith("REPO=") else line
                        for line in block.text.splitlines())
-    # Python 3.11's own pip (23.2) refuses a git+file:/// URL with #subdirectory= (an https one it takes)
-    script = "python -m pip install --upgrade pip\n" + script
-    check_installed(install(tmp_path, script))
+    check_installed(install(fresh_venv, script))
