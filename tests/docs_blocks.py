@@ -62,7 +62,7 @@ class Block:
                     found.append(stripped[2:])
                     continuing = True
                 elif continuing and stripped.startswith("#  "):
-                    found[-1] += stripped[1:]
+                    found[-1] += stripped[1:].strip()
                 else:
                     continuing = False
             else:
