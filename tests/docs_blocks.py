@@ -10,7 +10,8 @@ works or is excused. Blocks of other languages (``json``, ``yaml``, ``text``, un
 
 What running "as written" allows, and nothing more:
 
-- the ports the docs use (8080, 8081, 7070, 7071, 8090) are rewritten to the tier's ephemeral ones;
+- the ports the docs use (8080, 8081, 7070, 7071, 8090) are rewritten to the tier's ephemeral ones, and an
+  ``ovserve serve`` that names no ``--rest-port`` or ``--grpc-port`` is given the default it would bind first;
 - a ``pip install NAME...`` line is not run (it would change the test environment): the distributions it names
   must be installed already, so that the block's other lines meet what a user would have after it;
 - the answers a block shows are checked: in bash, a comment line that starts with ``{`` or ``[`` (continued by
@@ -88,12 +89,26 @@ class Block:
         lines = self.text.splitlines()
         if self.language == "bash":
             lines = [f"# (installed already) {line}" if _PIP_INSTALL.match(line) else line for line in lines]
-        text = "\n".join(lines) + "\n"
+        text = _default_ports("\n".join(lines) + "\n")
         return re.sub(r"(?<!\d)({})(?!\d)".format("|".join(map(str, ports))), lambda m: str(ports[int(m[1])]), text)
 
     def starts_servers(self) -> bool:
         """Whether it starts servers of its own (then it gets ports of its own)."""
         return self.language == "bash" and bool(re.search(r"\bovserve (serve|run|transformer|explainer)\b", self.text))
+
+
+def _default_ports(text: str) -> str:
+    """Each ``ovserve serve`` command (its ``\\`` continuation lines included) given the ports it binds by
+    default, ``--rest-port 8080`` and ``--grpc-port 8081``, where it does not name them, so that they are
+    rewritten as the others are (a server of the block's never binds the machine's real 8080)."""
+
+    def complete(match: re.Match[str]) -> str:
+        command = match[0]
+        extra = [f"{flag} {port}" for flag, port in (("--rest-port", 8080), ("--grpc-port", 8081))
+                 if flag not in command]
+        return command.replace("ovserve serve", " ".join(["ovserve serve", *extra]), 1)
+
+    return re.sub(r"ovserve serve(?:[^\n]*\\\n)*[^\n]*", complete, text)
 
 
 def parse(source: str, markdown: str) -> list[Block]:

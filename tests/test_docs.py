@@ -70,11 +70,10 @@ def ports_for(block: Block, server: ServerProcess) -> dict[int, int]:
 
 def run(block: Block, ports: dict[int, int], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run the block's text in its own session; whatever it left running is stopped after it. A server it
-    starts without port flags takes the rewritten ports from the environment (``OVSERVE_REST_PORT``...)."""
+    starts without port flags is given the docs' defaults, rewritten too (:meth:`Block.script`)."""
     script = block.script(ports)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent),
-               OVSERVE_REST_PORT=str(ports[8080]), OVSERVE_GRPC_PORT=str(ports[8081]))
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent))
     if block.language == "bash":
         argv = ["bash", "-e", "-o", "pipefail", "-c", script]
     else:

@@ -69,3 +69,11 @@ def test_an_answer_matches_with_its_elisions_and_whitespace_and_in_order() -> No
     assert unanswered(['{"model_name":"linear",...,"data":[4.5,4.5]}]}', '{"predictions":[[2.0]]}'], out) == []
     assert unanswered(['{"predictions":[[2.0]]}', '{"model_name":"linear"...}'], out) == ['{"model_name":"linear"...}']
     assert unanswered(['{"model_name":"linear",...,"data":[4.5,4.6]}]}'], out) != []  # a wrong value is one
+
+
+def test_a_server_the_block_starts_gets_the_default_ports_it_does_not_name_rewritten() -> None:
+    text = "```bash\novserve serve --model-repository m --rest-port 8080 &\novserve serve --a \\\n  --b x\n```\n"
+    (block,) = parse("page.md", text)
+    assert block.script({8080: 1, 8081: 2}) == (
+        "ovserve serve --grpc-port 2 --model-repository m --rest-port 1 &\n"
+        "ovserve serve --rest-port 1 --grpc-port 2 --a \\\n  --b x\n")
