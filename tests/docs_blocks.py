@@ -1,4 +1,5 @@
-"""The fenced commands of README.md and docs/*.md, as tests/test_docs.py runs them (issue 37, item 4).
+"""The fenced commands of README.md, docs/*.md and examples/*/README.md, as tests/test_docs.py runs them
+(issue 37, item 4).
 
 Every ```` ```bash ```` and ```` ```python ```` block is either run as written or excused in the Markdown by an
 HTML comment on the line just before its fence, saying why::
@@ -27,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the Markdown whose commands are run: the README, then docs/ in name order
-SOURCES = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
+SOURCES = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+           *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*/README.md")))
 LANGUAGES = ("bash", "python")
 #: the ports the docs show, which the tier rewrites to its own
 DOC_PORTS = (8080, 8081, 7070, 7071, 8090)
