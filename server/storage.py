@@ -367,10 +367,15 @@ def _sha256(text: str) -> str:
     return text.lower()
 
 
+def _plain(text: str) -> str:
+    """The module's reStructuredText as plain words for --help: ``x`` -> x."""
+    return text.replace("``", "")
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("storage-initializer",
                        help="fetch a model into a folder (what the operator's init container runs)",
-                       description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "))
+                       description=_plain(" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " ")))
     p.add_argument("src", help="http(s):// file or archive, s3://bucket/prefix, file:// URI, or local path; a URL "
                    "naming one file may end in #sha256=HEX (as pip reads it)")
     p.add_argument("dest", type=Path, help="folder to fill, e.g. /mnt/models (created if missing; what it holds "
