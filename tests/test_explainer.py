@@ -107,6 +107,10 @@ def test_health_and_metadata(explainers):
     md = requests.get(url + "/v2/models/linear", timeout=5).json()
     assert md["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 5]}]
     assert requests.get(url + "/v2/models/linear/ready", timeout=5).status_code == 200
+    # its log lines are the explainer's own, not the transformer's it is built on (issue 37, item 13)
+    line = explainers["linear"].wait_log("model 'linear' is ready", timeout=5)
+    assert " ovserve.explainer: predictor " in line, line
+    assert " ovserve.transformer:" not in explainers["linear"].log, explainers["linear"].log[-2000:]
 
 
 X = np.array([[1.0, 2.0, -1.0, 0.5, 3.0], [-2.0, 0.0, 4.0, 1.0, -1.0]], dtype=np.float32)

@@ -191,6 +191,7 @@ class Explainer(TransformerDataPlane):
 
     #: the predictor's inputs, exactly: explanations perturb what the predictor takes
     exact_inputs = True
+    log = log
 
     def __init__(self, model_name: str, client: PredictorClient, *, timeout: float = 60.0, concurrency: int = 2,
                  poll_interval: float = 1.0) -> None:
