@@ -96,7 +96,8 @@ def test_a_place_outside_the_workers_half_or_not_its_tensor_is_refused(sides, pl
         server.request_view("x", np.dtype(np.float32), [1, 16], place)
 
 
-@pytest.mark.parametrize("shape", [[1, 15], [64], [-1, -16], "16", [1.0, 16], None])
+# the last: 2**64 + 16 elements, which an int64 product takes for 16
+@pytest.mark.parametrize("shape", [[1, 15], [64], [-1, -16], "16", [1.0, 16], None, [16, (1 << 60) + 1]])
 def test_a_shape_that_does_not_match_the_place_is_refused(shape) -> None:
     with pytest.raises(ArenaError):
         place_of([0, 64], HALF, np.dtype(np.float32), shape)

@@ -32,6 +32,7 @@ import bisect
 import collections
 import ctypes
 import fcntl
+import math
 import mmap
 import os
 import threading
@@ -118,7 +119,7 @@ def place_of(place: Any, half: int, dtype: np.dtype, shape: Any) -> tuple[int, i
         raise ArenaError(f"[{offset}, {nbytes}] is not within its arena's {half} bytes")
     if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape) or len(shape) > 32:
         raise ArenaError(f"a shape is a list of counts, got {str(shape)[:80]}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)  # exact (numpy's int64 product could wrap round to the right size)
     if count * dtype.itemsize != nbytes:
         raise ArenaError(f"{nbytes} bytes do not hold a {dtype} tensor of shape {shape}")
     return offset, count, tuple(shape)
