@@ -244,8 +244,9 @@ class Arena:
             mapped = self._map
             assert mapped is not None
             holder = (ctypes.c_char * (count * dtype.itemsize)).from_buffer(mapped, self.half + offset)
-            weakref.finalize(holder, self._released.append, offset)  # deque.append: atomic, no lock to
-            # deadlock on when a collection runs the finalizer inside releases()
+            done = weakref.finalize(holder, self._released.append, offset)  # deque.append: atomic, no lock
+            # to deadlock on when a collection runs the finalizer inside releases()
+            done.atexit = False  # a process that ends releases nothing
             array: np.ndarray = np.frombuffer(holder, dtype=dtype, count=count)  # type: ignore[call-overload]
             return array.reshape(dims)
 
