@@ -8,7 +8,9 @@ exactly its tensor's size is refused.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -113,6 +115,32 @@ def test_a_release_is_a_list_of_offsets_and_a_strange_offset_frees_nothing(sides
         server.release({"offset": 0})
     server.release([place[0]])
     assert server.answers.in_use() == 0
+
+
+def test_a_handlers_threads_taking_at_once_never_share_a_byte() -> None:
+    a = Allocator(64 * ALIGN)
+    held: list[list[tuple[int, int]]] = [[] for _ in range(4)]
+
+    def churn(mine: list[tuple[int, int]]) -> None:
+        for i in range(2000):
+            size = ALIGN * (1 + i % 3)
+            start = a.take(size)
+            if start is not None:
+                mine.append((start, size))
+            if len(mine) > 3:
+                assert a.give(mine.pop(0)[0])
+
+    threads = [threading.Thread(target=churn, args=(mine,)) for mine in held]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    runs = sorted(run for mine in held for run in mine)
+    assert all(start + size <= after for (start, size), (after, _) in itertools.pairwise(runs))  # disjoint
+    assert a.in_use() == sum(size for _, size in runs)
+    for start, _ in runs:
+        assert a.give(start)
+    assert a.in_use() == 0 and a.take(64 * ALIGN) == 0
 
 
 def test_the_allocator_fits_first_and_merges_what_is_freed() -> None:

@@ -44,8 +44,8 @@ import numpy as np
 
 #: every place starts on this boundary (a cache line; any dtype's alignment)
 ALIGN = 64
-#: tensors smaller than this cross the socket (bench/ts_tensors: at 150 KB the arena already saves
-#: most of the crossing; below a few KB the socket costs next to nothing)
+#: tensors smaller than this cross the socket (python -m bench.ts_tensors: from 64 KiB to 150 KB the
+#: round trip itself, ~200 µs, dwarfs either way's copies; the arena pays from MBs: docs/performance.md)
 THRESHOLD = 64 << 10
 #: --ts-worker-arena-mib's default: 128 MiB each way per worker process, so that a handler holding its last 64 MB
 #: answer still gets the next one in place (address space: a page is resident once used, up to the most in use at once)
