@@ -167,6 +167,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(ts, "--ts-worker-memory-mib", AtLeast(0), d.ts_worker_memory_mib,
          "a worker process's memory bound in MiB (its data segment, RLIMIT_DATA): past it the handler's "
          "allocations fail (0: no bound)")
+    _add(ts, "--ts-worker-arena-mib", AtLeast(0), d.ts_worker_arena_mib,
+         "shared memory per worker process in MiB, half each way, that context.model's tensors of 64 KiB and more "
+         "cross instead of the socket (a tensor that does not fit takes the socket; 0: always the socket)")
     add_tls_override(ts, "ts-inference", "TorchServe's inference listener")
     add_tls_override(ts, "ts-management", "TorchServe's management listener")
     mon = serve.add_argument_group("Prometheus metrics, as OVMS's (docs/operations.md)")

@@ -120,6 +120,14 @@ def test_renew_times_a_fresh_infer_request_beside_an_inference_for_every_model_a
     assert all(int(infer) > 0 for *_, infer in rows), out
 
 
+def test_ts_tensors_times_context_model_through_the_arena_and_through_the_socket(tmp_path: Path) -> None:
+    out = _run("bench.ts_tensors", "--configs", "socket,arena", "--sizes", "150000", "--repeat-scale", "0.01",
+               "--out", str(tmp_path))
+    assert re.search(r"^\| 150,000 \| [\d,]+ \([\d,]+\) \| [\d,]+ \([\d,]+\) \|$", out, re.MULTILINE), out
+    [written] = tmp_path.glob("ts-tensors-*.md")
+    assert "| socket median (min) µs | arena median (min) µs |" in written.read_text()
+
+
 def test_loopcost_measures_both_paths_on_the_real_server_and_pairs_their_rounds() -> None:
     # the real model server on this process's loop: the V2 servicer's ModelInfer, then the runtime alone
     out = _run("bench.loopcost", "--model", "resnetish", "--concurrency", "2", "--requests", "60", "--rounds", "2",
