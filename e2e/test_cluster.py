@@ -424,13 +424,15 @@ IMAGENET = "ovserve.server.components.imagenet:ImageNetTransformer"
 
 
 def _classifier_isvc(tag: str, transformer_hosts: dict[str, str] | None = None) -> dict[str, Any]:
-    """An InferenceService "classifier": MobileNetV2 from pvc://models/mobilenet_v2 and, given the predictor
-    Service's address, the ImageNet transformer in front of it."""
+    """An InferenceService "classifier": MobileNetV2 from pvc://models/mobilenet_v2, TorchServe's gRPC API too
+    (``protocolVersion: grpc-v1``) and, given the predictor Service's address, the ImageNet transformer in front."""
     doc: dict[str, Any] = {
         "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
         "metadata": {"name": "classifier", "namespace": NS},
         "spec": {"predictor": {"model": {
-            "modelFormat": {"name": "openvino"}, "storageUri": f"pvc://{CLAIM}/mobilenet_v2",
+            # KServe's name for TorchServe's gRPC API: its inference API on port 7070 beside V1/V2
+            "modelFormat": {"name": "openvino"}, "protocolVersion": "grpc-v1",
+            "storageUri": f"pvc://{CLAIM}/mobilenet_v2",
             "args": ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}']}}},
     }
     if transformer_hosts is not None:
@@ -494,12 +496,9 @@ def volume(operator: Cluster) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_model_on_a_claim_behind_a_transformer_names_the_cat_though_the_operator_was_killed(
-        operator: Cluster, volume: Path, photo: Path) -> None:
-    """pvc:// (a hostPath PersistentVolume, mounted read-only into the predictor, no copy); the ImageNet
-    transformer as a pod, wired to the predictor by the operator; a JPEG through the InferenceService's
-    Service, V1 and V2, named an Egyptian cat. The operator pod is deleted right after the transformer is
-    asked for (mid-reconcile, as a node drain would): its Deployment's next pod finishes the work."""
+@pytest.fixture(scope="module")
+def classifier(operator: Cluster, volume: Path) -> Cluster:
+    """The InferenceService "classifier" (no transformer yet), Ready: its model mounted from the claim."""
     c = operator
     started = time.monotonic()
     c.apply([_classifier_isvc(c.tag)])
@@ -508,9 +507,35 @@ def test_a_model_on_a_claim_behind_a_transformer_names_the_cat_though_the_operat
     assert {"name": "ovserve-model-pvc", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}} \
         in predictor["volumes"], predictor["volumes"]
     assert not predictor.get("initContainers"), "pvc:// is mounted, not copied"
-    ip, _ = c.service("classifier-predictor")
     print(f"\nclassifier predictor Ready {time.monotonic() - started:.0f} s after kubectl apply")
+    return c
 
+
+def test_a_torchserve_client_names_the_cat_through_a_grpc_v1_inference_service(classifier: Cluster,
+                                                                                 photo: Path) -> None:
+    """``protocolVersion: grpc-v1``: the predictor's Service has TorchServe's inference port, 7070, and a client
+    generated from TorchServe's inference.proto pings it and has the photo's bytes classified (TorchServe's
+    image classifier answer: the top labels with their probabilities)."""
+    c = classifier
+    svc = c.get("-n", NS, "service", "classifier-predictor")
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["grpc-ts"]["port"] == 7070 and ports["grpc-ts"]["appProtocol"] == "kubernetes.io/h2c", ports
+    out = c.run(sys.executable, str(HERE / "ts_predict.py"), "--model", "classifier", "--target",
+                f"{svc['spec']['clusterIP']}:7070", "--photo", str(photo), "--want", "Egyptian cat", timeout=180,
+                check=False)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{c.state()}"
+    lines = out.stdout.splitlines()
+    assert lines[0] == 'Ping {"status": "Healthy"}' and lines[1].startswith("Egyptian cat: "), out.stdout
+
+
+def test_a_model_on_a_claim_behind_a_transformer_names_the_cat_though_the_operator_was_killed(
+        classifier: Cluster, photo: Path) -> None:
+    """pvc:// (a hostPath PersistentVolume, mounted read-only into the predictor, no copy); the ImageNet
+    transformer as a pod, wired to the predictor by the operator; a JPEG through the InferenceService's
+    Service, V1 and V2, named an Egyptian cat. The operator pod is deleted right after the transformer is
+    asked for (mid-reconcile, as a node drain would): its Deployment's next pod finishes the work."""
+    c = classifier
+    ip, _ = c.service("classifier-predictor")
     started = time.monotonic()
     c.apply([_classifier_isvc(c.tag, {f"classifier-predictor.{NS}": ip})])
     c.kubectl("-n", RELEASE_NS, "delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false")
