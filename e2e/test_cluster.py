@@ -12,11 +12,17 @@ packages: kubelet, containerd, kube-proxy, in a network namespace of its own; sc
 3. V2 REST and gRPC (tritonclient) through the predictor's Services (ClusterIP, kube-proxy);
 4. a rolling update (the InferenceService's args changed) while two clients send steady traffic
    through the Services, REST with a connection per request and gRPC on one long-lived channel:
-   no request fails;
-5. ``kubectl delete``: every child goes;
-6. MobileNetV2 on a PersistentVolumeClaim (``pvc://``, a hostPath volume) behind the ImageNet transformer,
-   a pod the operator wires to the predictor, the operator pod deleted right after the transformer is
-   asked for: the InferenceService converges, and a JPEG through its Service is an Egyptian cat (V1, V2).
+   no request fails; the same with a predictor pod deleted (2 replicas); the CPU limit in the cgroup;
+5. a transformer and an explainer added to the same InferenceService, wired to the predictor by the
+   operator: V2 REST and gRPC and V1 through the transformer's Service, explanations through the
+   explainer's; then one change rolls all three components under steady traffic through both
+   Services: no request fails;
+6. ``kubectl delete``: every child goes;
+7. MobileNetV2 on a PersistentVolumeClaim (``pvc://``, a hostPath volume), ``protocolVersion: grpc-v1``:
+   TorchServe's gRPC client (stubs from TorchServe's inference.proto) names the photo's cat through
+   the predictor's Service; then the ImageNet transformer, a pod the operator wires to the predictor,
+   the operator pod deleted right after the transformer is asked for: the InferenceService converges,
+   and a JPEG through its Service is an Egyptian cat (V1, V2).
 
 The clients run inside the cluster's network namespace (``$RUN/in-node``), as a pod's neighbour
 would; nothing in the namespace can reach the machine's network. One cluster for the module, up
@@ -125,13 +131,16 @@ class Cluster:
             parts.append(f"$ kubectl {' '.join(args)}\n{(out.stdout + out.stderr)[-5000:]}")
         return "\n".join(parts)
 
-    def wait_ready(self, kind: str, name: str, timeout: float) -> None:
-        """Until ``kind/name`` is Ready; fails at once, with the state, when a pod of its crash-loops."""
+    def wait_ready(self, kind: str, name: str, timeout: float, components: tuple[str, ...] = ()) -> None:
+        """Until ``kind/name`` is Ready for its latest spec (its status's observedGeneration), with ``components``
+        in its status; fails at once, with the state, when a pod of its crash-loops."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             doc = self.get("-n", NS, kind, name)
-            conditions = {c["type"]: c["status"] for c in doc.get("status", {}).get("conditions", [])}
-            if conditions.get("Ready") == "True":
+            status = doc.get("status", {})
+            conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+            if (conditions.get("Ready") == "True" and status.get("observedGeneration") == doc["metadata"]["generation"]
+                    and all((status.get("components") or {}).get(x) for x in components)):
                 return
             pods = self.get("-n", NS, "pods", "-l", f"serving.kserve.io/inferenceservice={name}")["items"]
             for pod in pods:
@@ -271,12 +280,14 @@ def test_an_inference_service_is_ready_and_answers_through_its_services(linear: 
 
 
 class Load:
-    """e2e/steady_load.py in the cluster's namespace, from start to its summary."""
+    """e2e/steady_load.py in the cluster's namespace, from start to its summary: REST and gRPC at the given
+    addresses (the predictor's by default), and an explainer's :explain when given one."""
 
-    def __init__(self, c: Cluster) -> None:
-        rest, grpc = _endpoints(c)
+    def __init__(self, c: Cluster, endpoints: tuple[str, str] | None = None, explain: str | None = None) -> None:
+        rest, grpc = endpoints or _endpoints(c)
         self.proc = subprocess.Popen([str(c.in_node), sys.executable, str(HERE / "steady_load.py"), "--rest", rest,
-                                      "--grpc", grpc, "--rate", "20", "--seconds", "600"],
+                                      "--grpc", grpc, *(["--explain", explain] if explain else []),
+                                      "--rate", "20", "--seconds", "600"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         started = self.proc.stdout.readline().strip()
@@ -398,6 +409,105 @@ def test_the_cpu_limit_reaches_the_cgroup_and_the_server_sizes_itself_to_it(line
     if seen > 1:  # the node's CPUs are this machine's
         assert (f"the cgroup CPU quota allows 1 of the {seen} CPUs in sight: INFERENCE_NUM_THREADS 1"
                 in logs), logs[-3000:]
+
+
+# -- a transformer and an explainer in front of the same predictor ------------------------------------------------
+
+
+def _linear_now(c: Cluster) -> dict[str, Any]:
+    """The InferenceService "linear" as the last test left it, to change and apply again."""
+    doc = c.get("-n", NS, "inferenceservice", "linear")
+    return {"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": "linear", "namespace": NS},
+            "spec": doc["spec"]}
+
+
+def _component(c: Cluster, args: list[str], ports: list[dict[str, Any]]) -> dict[str, Any]:
+    """A transformer or explainer component as a KServe user writes one: the server image's own component
+    (the operator adds --model_name, --predictor_host and --http_port), Ready once it answers."""
+    predictor_ip, _ = c.service("linear-predictor")
+    container: dict[str, Any] = {
+        "name": "kserve-container", "image": f"ovserve:{c.tag}", "imagePullPolicy": "IfNotPresent",
+        "command": ["ovserve"], "args": args,
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}
+    if ports:
+        container["ports"] = ports
+    # linear-predictor.<namespace>, the address the operator gives, by the hosts file: no cluster DNS here
+    return {"containers": [container],
+            "hostAliases": [{"ip": predictor_ip, "hostnames": [f"linear-predictor.{NS}"]}]}
+
+
+#: the transformer serves V2 gRPC too (its --grpc_port, on the port named h2c), so gRPC clients go through it
+TRANSFORMER_PORTS = [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                     {"name": "h2c", "containerPort": 8081, "protocol": "TCP"}]
+
+
+def _front_endpoints(c: Cluster) -> tuple[tuple[str, str], str]:
+    """(REST, gRPC) through the InferenceService's own Service, the transformer's now; the explainer's REST."""
+    ip, ports = c.service("linear")
+    explainer_ip, explainer_ports = c.service("linear-explainer")
+    return (f"{ip}:{ports['http']}", f"{ip}:{ports['h2c']}"), f"{explainer_ip}:{explainer_ports['http']}"
+
+
+def test_a_transformer_and_an_explainer_reach_the_predictor_through_their_services(linear: Cluster) -> None:
+    """The pass-through transformer (V2 REST and gRPC, V1) and the explainer (KServe V1 :explain) as pods the
+    operator wires to the predictor: the InferenceService's Service now routes to the transformer, and the
+    answers (y = x @ W + b, the explainer's exact feature ablation) come from the predictor's model."""
+    c = linear
+    isvc = _linear_now(c)
+    isvc["spec"]["transformer"] = _component(c, ["transformer", "--grpc_port", "8081"], TRANSFORMER_PORTS)
+    isvc["spec"]["explainer"] = _component(c, ["explainer"], [])
+    started = time.monotonic()
+    c.apply([isvc])
+    c.wait_ready("inferenceservice", "linear", 300, components=("transformer", "explainer"))
+    print(f"\ntransformer and explainer Ready {time.monotonic() - started:.0f} s after kubectl apply")
+    assert c.get("-n", NS, "service", "linear")["spec"]["selector"]["component"] == "transformer"
+    explainer = c.get("-n", NS, "deployment", "linear-explainer")["spec"]["template"]["spec"]["containers"][0]
+    assert explainer["args"][explainer["args"].index("--predictor_host") + 1] == f"linear-predictor.{NS}"
+    (rest, grpc), explain = _front_endpoints(c)
+    out = c.python(str(HERE / "infer.py"), "--model", "linear", "--rest", rest, "--grpc", grpc, "--explain", explain,
+                   timeout=120)
+    for line in ("REST", "gRPC", "V1", "EXPLAIN"):
+        assert f"\n{line} " in f"\n{out.stdout}", out.stdout
+    assert "expected" not in out.stdout, out.stdout
+
+
+def test_a_rolling_update_of_every_component_under_steady_traffic_loses_no_request(linear: Cluster) -> None:
+    """One change to the predictor, the transformer and the explainer at once (a new variable in each, so three
+    new ReplicaSets), while clients send steady traffic through the transformer's Service (REST, a connection
+    per request; gRPC on one channel) and the explainer's: no request fails."""
+    c = linear
+    before = {p["metadata"]["name"] for p in _pods(c)}
+    assert len(before) == 3, before
+    endpoints, explain = _front_endpoints(c)
+    isvc = _linear_now(c)
+    marker = {"name": "E2E_ROLL", "value": str(time.time_ns())}  # a value no template had
+    for holder in (isvc["spec"]["predictor"]["model"], *(isvc["spec"][x]["containers"][0]
+                                                          for x in ("transformer", "explainer"))):
+        holder["env"] = [var for var in holder.get("env", []) if var["name"] != marker["name"]] + [marker]
+    load = Load(c, endpoints, explain)
+    try:
+        time.sleep(3)
+        started = time.monotonic()
+        c.apply([isvc])
+        for component in ("predictor", "transformer", "explainer"):
+            c.kubectl("-n", NS, "rollout", "status", f"deployment/linear-{component}", "--timeout=300s", timeout=320)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the old pods are gone, their drains included
+            now = {p["metadata"]["name"] for p in _pods(c)}
+            if not now & before:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"old pods are still there: {now & before}\n{c.state()}")
+        rolled = time.monotonic() - started
+        time.sleep(3)
+    finally:
+        summary = load.stop()
+    print(f"\nrolling update of three components: {rolled:.0f} s; REST {summary['rest']['ok']} ok, "
+          f"gRPC {summary['grpc']['ok']} ok, explain {summary['explain']['ok']} ok")
+    assert all(summary[name]["ok"] > 100 for name in ("rest", "grpc", "explain")), summary
+    assert summary["rest"]["failed"] == 0 and summary["explain"]["failed"] == 0 and not grpc_lost(summary), summary
 
 
 def test_deleting_the_inference_service_leaves_nothing(linear: Cluster) -> None:
