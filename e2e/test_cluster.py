@@ -17,8 +17,9 @@ packages: kubelet, containerd, kube-proxy, in a network namespace of its own; sc
    operator: V2 REST and gRPC and V1 through the transformer's Service, explanations through the
    explainer's; then one change rolls all three components under steady traffic through both
    Services: no request fails;
-6. ``kubectl delete``: every child goes;
-7. MobileNetV2 on a PersistentVolumeClaim (``pvc://``, a hostPath volume), ``protocolVersion: grpc-v1``:
+6. kube-apiserver stopped and started again: a change right after it, and a child deleted, converge;
+7. ``kubectl delete``: every child goes;
+8. MobileNetV2 on a PersistentVolumeClaim (``pvc://``, a hostPath volume), ``protocolVersion: grpc-v1``:
    TorchServe's gRPC client (stubs from TorchServe's inference.proto) names the photo's cat through
    the predictor's Service; then the ImageNet transformer, a pod the operator wires to the predictor,
    the operator pod deleted right after the transformer is asked for: the InferenceService converges,
@@ -508,6 +509,58 @@ def test_a_rolling_update_of_every_component_under_steady_traffic_loses_no_reque
           f"gRPC {summary['grpc']['ok']} ok, explain {summary['explain']['ok']} ok")
     assert all(summary[name]["ok"] > 100 for name in ("rest", "grpc", "explain")), summary
     assert summary["rest"]["failed"] == 0 and summary["explain"]["failed"] == 0 and not grpc_lost(summary), summary
+
+
+def _operator_log(c: Cluster) -> Path:
+    """The operator container's log file on the node (the kubelet's, under /var/log/pods): readable while the
+    API server, through which ``kubectl logs`` goes, is down."""
+    (pod,) = [p for p in c.get("-n", RELEASE_NS, "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+              if not p["metadata"].get("deletionTimestamp")]
+    folder = Path("/var/log/pods") / f"{RELEASE_NS}_{pod['metadata']['name']}_{pod['metadata']['uid']}" / "operator"
+    logs = sorted(folder.glob("*.log"), key=lambda f: f.stat().st_mtime)
+    assert logs, f"no log in {folder}"
+    return logs[-1]
+
+
+def test_the_inference_service_converges_after_the_api_server_restarts(linear: Cluster) -> None:
+    """kube-apiserver stopped (until the operator has noticed) and started again, as scripts/cluster/up.sh ran it;
+    right after, the InferenceService made autoscaled (a HorizontalPodAutoscaler to create, autoscaling/v2beta2
+    on this Kubernetes) and a child Deployment deleted: the operator's watches come back, and the
+    InferenceService converges, Ready."""
+    c = linear
+    log = _operator_log(c)
+    mark = log.stat().st_size
+    component = ["bash", SCRIPTS / "cluster/component.sh"]
+    _run(*component, "stop", "kube-apiserver", timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while "Request attempt" not in log.read_text(errors="replace")[mark:]:
+            assert time.monotonic() < deadline, f"the operator did not notice the outage:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+    finally:
+        _run(*component, "start", "kube-apiserver", timeout=60)
+    deadline = time.monotonic() + 90
+    while c.kubectl("get", "--raw", "/readyz", check=False, timeout=20).returncode != 0:
+        assert time.monotonic() < deadline, "kube-apiserver not ready again after 90 s"
+        time.sleep(0.5)
+    restarted = time.monotonic()
+    isvc = _linear_now(c)
+    isvc["spec"]["predictor"].update(minReplicas=1, maxReplicas=2)
+    c.apply([isvc])
+    old = c.get("-n", NS, "deployment", "linear-explainer")["metadata"]["uid"]
+    c.kubectl("-n", NS, "delete", "deployment", "linear-explainer", "--wait=false")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the new InferenceService watch and the new Deployment watch at work
+        hpa = c.kubectl("-n", NS, "get", "hpa.v2beta2.autoscaling", "linear-predictor", "-o", "json", check=False)
+        dep = c.kubectl("-n", NS, "get", "deployment", "linear-explainer", "-o", "json", check=False)
+        if hpa.returncode == 0 and dep.returncode == 0 and json.loads(dep.stdout)["metadata"]["uid"] != old:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"the operator did not converge after the API server's restart:\n{c.state()}")
+    assert json.loads(hpa.stdout)["spec"]["maxReplicas"] == 2
+    c.wait_ready("inferenceservice", "linear", 120, components=("transformer", "explainer"))
+    print(f"\nconverged {time.monotonic() - restarted:.0f} s after the API server was ready again")
 
 
 def test_deleting_the_inference_service_leaves_nothing(linear: Cluster) -> None:
