@@ -140,18 +140,34 @@ def known(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> No
         memo.known.add(meta["namespace"], meta["name"])
 
 
+def _recreated(body: kopf.Body, memo: kopf.Memo) -> bool:
+    """A child was deleted: reconcile its owner at once if the owner still wants it (whether it did)."""
+    labels = body["metadata"]["labels"]
+    isvc = memo.cluster.get_isvc(body["metadata"]["namespace"], labels[n.ISVC_LABEL])
+    if not isvc or isvc["metadata"].get("deletionTimestamp"):
+        return False
+    component = labels.get(n.COMPONENT_LABEL)  # none: the InferenceService's own entry Service
+    if component is not None and component not in n.present_components(isvc):
+        return False
+    with contextlib.suppress(kopf.PermanentError):  # already reported in the InferenceService's status
+        reconcile(isvc, memo.cluster, memo.config)
+    return True
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 def child_deployment(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> None:
     """A child Deployment changed: refresh the owner's status; recreate it if it was deleted."""
-    namespace, owner = body["metadata"]["namespace"], body["metadata"]["labels"][n.ISVC_LABEL]
+    if type == "DELETED" and _recreated(body, memo):
+        return
+    sync_status(memo.cluster, body["metadata"]["namespace"], body["metadata"]["labels"][n.ISVC_LABEL])
+
+
+@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
+def child_service(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> None:
+    """A child Service deleted (by hand, by a clean-up script): made again at once, not at the next resync
+    (``--resync-seconds``, a minute by default), as controllers that own their Services do."""
     if type == "DELETED":
-        isvc = memo.cluster.get_isvc(namespace, owner)
-        component = body["metadata"]["labels"].get(n.COMPONENT_LABEL)
-        if isvc and not isvc["metadata"].get("deletionTimestamp") and component in n.present_components(isvc):
-            with contextlib.suppress(kopf.PermanentError):  # already reported in the InferenceService's status
-                reconcile(isvc, memo.cluster, memo.config)
-            return
-    sync_status(memo.cluster, namespace, owner)
+        _recreated(body, memo)
 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)

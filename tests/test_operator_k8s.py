@@ -299,6 +299,19 @@ def test_deleted_child_is_recreated(kube: Kube, operator: Operator, ns: str) -> 
     assert new["spec"]["template"] == old["spec"]["template"]
 
 
+@pytest.mark.parametrize("name", ["resnet-predictor", "resnet"], ids=["component", "entry"])
+def test_deleted_service_made_again(kube: Kube, operator: Operator, ns: str, name: str) -> None:
+    """The operator watches its Services as it watches its Deployments: a deleted one (the component's, or the
+    InferenceService's own entry Service) is made again within seconds, not at the next resync (a minute)."""
+    kube.create(isvc_path(ns), example("predictor", ns))
+    old = eventually(lambda: kube.get(svc_path(ns, name)), what="Service")
+    time.sleep(0.5)  # past the create's own events
+    kube.delete(svc_path(ns, name))
+    new = eventually(lambda: (s := kube.get(svc_path(ns, name))) and s["metadata"]["uid"] != old["metadata"]["uid"]
+                     and s, timeout=15, what="Service made again")
+    assert new["spec"]["ports"] == old["spec"]["ports"] and new["spec"]["selector"] == old["spec"]["selector"]
+
+
 def test_delete_collects_every_child(kube: Kube, operator: Operator, ns: str) -> None:
     kube.create(isvc_path(ns), example("autoscale", ns))
     children = [deploy_path(ns, "busy-predictor"), svc_path(ns, "busy-predictor"), svc_path(ns, "busy"),
