@@ -152,7 +152,7 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         conn.request(self.command, "/" + path, body=body or None, headers=headers)
         reply = conn.getresponse()
         data = reply.read()
-        if self.corrupt and self.command == "GET" and "list-type" not in path and data:
+        if self.corrupt and self.command == "GET" and self.damages(path) and data:
             data = bytes([data[0] ^ 1]) + data[1:]
         self.send_response(reply.status)
         for k, v in reply.getheaders():
@@ -161,6 +161,10 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def damages(self, path: str) -> bool:
+        """Whether the body of a GET of ``path`` is an object's bytes (one to damage), not a listing."""
+        return "list-type" not in path
 
     do_GET = do_HEAD = do_PUT = do_POST = _forward
 
