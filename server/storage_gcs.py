@@ -79,9 +79,9 @@ def client() -> tuple[Any, bool]:
     url = endpoint()
     credentials: Any = None
     project = os.environ.get("GOOGLE_CLOUD_PROJECT") or None
-    if key:
+    if key:  # google-auth's defaults read it first, and fail on a file missing or unreadable
         try:
-            credentials, found = google.auth.load_credentials_from_file(key, scopes=[READ_ONLY])
+            credentials, found = google.auth.default(scopes=[READ_ONLY])
         except DefaultCredentialsError as exc:
             why = exc.args[0] if exc.args and isinstance(exc.args[0], str) else exc
             raise GCSError(f"GOOGLE_APPLICATION_CREDENTIALS {key}: {one_line(why)}") from None
