@@ -3,7 +3,8 @@
 SRC is an ``http(s)://`` URL of a file or of an archive (.tar, .tar.gz/.tgz,
 .tar.bz2, .tar.xz, .zip: unpacked), an ``s3://bucket/prefix`` or a
 ``gs://bucket/prefix`` (every object under the prefix, or the one object it
-names; configured by the variables KServe's storage initializer reads), a
+names), a model repository on the Hugging Face Hub, ``hf://org/repo[:revision]``
+(configured by the variables KServe's storage initializer reads), a
 ``file://`` URI or a local path (a folder is copied with its contents, a file
 into DEST, an archive unpacked). This is what the operator's init container
 runs; ``pvc://`` claims are mounted by the operator instead, never copied.
@@ -190,9 +191,11 @@ def _source(src: str, dest: Path, sha256: str | None, opener: urllib.request.Ope
         return _s3_source(src, sha256)
     if scheme == "gs":
         return _gcs_source(src, sha256)
+    if scheme == "hf":
+        return _hf_source(src, sha256)
     if scheme == "pvc":
         raise StorageError(f"{src}: a pvc:// claim is mounted by the operator, not copied")
-    raise StorageError(f"{src}: unsupported scheme {scheme!r} (use s3://, gs://, http(s)://, file:// or a "
+    raise StorageError(f"{src}: unsupported scheme {scheme!r} (use s3://, gs://, hf://, http(s)://, file:// or a "
                        "local path)")
 
 
@@ -277,6 +280,34 @@ def _gcs_source(src: str, sha256: str | None) -> Fetch:
             if anonymous and ("Forbidden" in why or "Unauthorized" in why):
                 why += " (no credentials were found, so the request was anonymous)"
             raise StorageError(f"{where}: {why}") from None
+    return fetch
+
+
+# -- hf:// -------------------------------------------------------------------------------
+
+def _hf_source(src: str, sha256: str | None) -> Fetch:
+    if importlib.util.find_spec("huggingface_hub") is None:
+        raise StorageError(f"{src}: hf:// needs huggingface_hub: pip install 'ovserve[hf]' (the server image has it)")
+    from . import storage_hf as hf
+
+    if sha256 is not None or "#" in src:
+        raise StorageError(f"{src}: is a repository of files; --sha256 checks one file")
+    try:
+        repo_id, revision = hf.parse(src)
+    except ObjectStoreError as exc:
+        raise StorageError(str(exc)) from None
+
+    def fetch(work: Path, tree: Path, limits: Limits) -> None:
+        try:
+            commit, files = hf.listing(repo_id, revision, limits)
+            for _ in hf.download(repo_id, commit, files, work, tree):
+                pass
+        except ObjectStoreError as exc:
+            raise StorageError(f"{src}: {exc}") from None
+        except Exception as exc:  # huggingface_hub's and httpx's, on one line
+            if isinstance(exc, OSError) and not hf.is_library_error(exc):
+                raise  # the disk's (no space, read-only): main() prints those as they are
+            raise StorageError(f"{src}: {hf.describe(exc)}") from None
     return fetch
 
 
@@ -424,7 +455,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("storage-initializer",
                        help="fetch a model into a folder (what the operator's init container runs)",
                        description=_plain(" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " ")))
-    p.add_argument("src", help="http(s):// file or archive, s3://bucket/prefix, gs://bucket/prefix, file:// URI, "
+    p.add_argument("src", help="http(s):// file or archive, s3://bucket/prefix, gs://bucket/prefix, "
+                   "hf://org/repo[:revision], file:// URI, "
                    "or local path; a URL naming one file may end in #sha256=HEX (as pip reads it)")
     p.add_argument("dest", type=Path, help="folder to fill, e.g. /mnt/models (created if missing; what it holds "
                    "is kept, same-named files are replaced)")

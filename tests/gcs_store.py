@@ -160,7 +160,7 @@ def service_account_key(folder: Path, email: str, token_uri: str) -> tuple[Path,
             "private_key": pem, "client_email": email, "client_id": "1" + "0" * 20,
             "auth_uri": "https://accounts.google.com/o/oauth2/auth", "token_uri": token_uri,
             "universe_domain": "googleapis.com"}
-    path = folder / f"{email.split('@')[0]}.json"
+    path = folder / f"{email.split('@', maxsplit=1)[0]}.json"
     path.write_text(json.dumps(info))
     return path, public
 

@@ -159,8 +159,8 @@ def test_a_big_object_arrives_whole(gcs: GCS, tmp_path: Path, monkeypatch: pytes
     ("gs://models/add-one", ("--max-files",), {}, "more than --max-files 1 entries under the prefix"),
     ("gs://models/add-one/1/model.xml#sha256=" + "0" * 64, (), {}, "gs://models/add-one/1/model.xml: SHA-256 is "),
     ("gs://models/add-one", (), {"GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent/key.json"},
-     "gs://models/add-one: GOOGLE_APPLICATION_CREDENTIALS /nonexistent/key.json: File /nonexistent/key.json "
-     "was not found."),
+     ("gs://models/add-one: GOOGLE_APPLICATION_CREDENTIALS /nonexistent/key.json: File /nonexistent/key.json "
+      "was not found.")),
 ])
 def test_failures_are_one_line_and_leave_dest_alone(gcs: GCS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     src: str, flags: tuple[str, ...], env: dict[str, str],
