@@ -256,7 +256,7 @@ def _gcs_source(src: str, sha256: str | None) -> Fetch:
     where = f"gs://{bucket}/{prefix}"
 
     def fetch(work: Path, tree: Path, limits: Limits) -> None:
-        anonymous = False
+        anonymous, client = False, None
         try:
             client, anonymous = gcs.client()
             objects = gcs.listing(client, bucket, prefix, limits)
@@ -280,6 +280,9 @@ def _gcs_source(src: str, sha256: str | None) -> Fetch:
             if anonymous and ("Forbidden" in why or "Unauthorized" in why):
                 why += " (no credentials were found, so the request was anonymous)"
             raise StorageError(f"{where}: {why}") from None
+        finally:
+            if client is not None:
+                client.close()  # its connections and its bucket metadata cache
     return fetch
 
 
@@ -308,6 +311,8 @@ def _hf_source(src: str, sha256: str | None) -> Fetch:
             if isinstance(exc, OSError) and not hf.is_library_error(exc):
                 raise  # the disk's (no space, read-only): main() prints those as they are
             raise StorageError(f"{src}: {hf.describe(exc)}") from None
+        finally:
+            hf.close()
     return fetch
 
 

@@ -146,6 +146,14 @@ def download(repo_id: str, commit: str, files: list[HFFile], work: Path, tree: P
                 future.cancel()
 
 
+def close() -> None:
+    """Close huggingface_hub's shared HTTP client: the next fetch makes a new one from the environment then
+    (its proxy variables), as a new process would."""
+    from huggingface_hub.utils import close_session
+
+    close_session()
+
+
 def is_library_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("huggingface_hub", "httpx", "httpcore", "h11", "ssl"))
 

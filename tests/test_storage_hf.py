@@ -17,7 +17,7 @@ from ovserve.server.storage import StorageError, initialize
 
 from . import hf_hub
 from .hf_hub import TOKEN, Hub, Repo
-from .test_storage_s3 import run, socket_closed, tree, use_env
+from .test_storage_s3 import Proxy, run, socket_closed, tree, use_env
 
 pytest.importorskip("huggingface_hub")
 
@@ -67,6 +67,33 @@ def test_a_repository_fills_dest_at_one_commit_and_its_cdn_never_sees_the_token(
     assert all(auth is None for auth, _ in cdn)  # the token stays on the hub
     assert all(auth == f"Bearer {TOKEN}" for host, _, _, auth in hub.requests if host.startswith("127.0.0.1"))
     assert not (tmp_path / "hf-home").exists()
+
+
+@pytest.fixture
+def proxy(hub: Hub) -> Iterator[type[Proxy]]:
+    import http.server
+    import threading
+
+    handler = type("P", (Proxy,), {"upstream": int(hub.url.rsplit(":", 1)[1]), "seen": [], "corrupt": False})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
+    yield handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_proxy_variables_are_honoured(hub: Hub, ir: dict[str, bytes], tmp_path: Path, proxy,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF_ENDPOINT is a cluster Service's name that resolves nowhere here: only the proxy reaches it (the CDN,
+    on 127.0.0.2, is left out of the proxy by NO_PROXY)."""
+    service = f"http://hub.models.svc.cluster.local:{hub.url.rsplit(':', 1)[1]}"
+    use_env(monkeypatch, env(hub, tmp_path, HF_ENDPOINT=service, HTTP_PROXY=proxy.url, NO_PROXY="127.0.0.2"))
+    initialize("hf://OpenVINO/add-one-ov", tmp_path / "m")
+    assert tree(tmp_path / "m") == {**ir, **EXTRA}
+    assert proxy.seen and all(line.split()[1].startswith(service) for line in proxy.seen), proxy.seen
+    assert proxy.seen[0] == f"GET {service}/api/models/OpenVINO/add-one-ov?blobs=true", proxy.seen
+    assert any(line.startswith(f"HEAD {service}/OpenVINO/add-one-ov/resolve/{MAIN}/") for line in proxy.seen)
 
 
 def test_a_revision_and_a_private_repository_with_its_token(hub: Hub, ir: dict[str, bytes], tmp_path: Path,

@@ -158,7 +158,9 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         for k, v in reply.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
                 self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
+        # a HEAD's length is the one the upstream announced (its body is never sent)
+        self.send_header("Content-Length", reply.getheader("Content-Length") or "0" if self.command == "HEAD"
+                         else str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
