@@ -149,7 +149,7 @@ def download(repo_id: str, commit: str, files: list[HFFile], work: Path, tree: P
 def close() -> None:
     """Close huggingface_hub's shared HTTP client: the next fetch makes a new one from the environment then
     (its proxy variables), as a new process would."""
-    from huggingface_hub.utils import close_session
+    from huggingface_hub import close_session
 
     close_session()
 
