@@ -93,6 +93,10 @@ def client() -> tuple[Any, bool]:
         except DefaultCredentialsError:
             credentials = None
     anonymous = credentials is None
+    # google-cloud-storage 3.x fetches a bucket's metadata in a thread of its own, on its first use, only to
+    # annotate its OpenTelemetry spans (off unless ENABLE_GCS_PYTHON_CLIENT_OTEL_TRACES): one more request,
+    # needing storage.buckets.get, which a reader of objects may not have. Not here.
+    os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
     options = {"api_endpoint": url} if url else None
     # a project is needed by no call made here; naming one keeps the client from looking for it
     made = storage.Client(project=project or "none", credentials=credentials or AnonymousCredentials(),

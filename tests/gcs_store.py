@@ -87,6 +87,7 @@ def start(ir: dict[str, bytes]) -> Iterator[GCS]:
         bucket.blob("evil/1/../../escape.txt").upload_from_string(b"x")
         bucket.blob("evil/1/model.xml").upload_from_string(b"<net/>")
         bucket.blob("big/1/model.bin").upload_from_string(big())
+        client.close()
         yield gcs
     finally:
         proc.terminate()

@@ -121,6 +121,8 @@ def test_a_service_account_key_signs_every_request_through_the_proxy(gcs: GCS, i
     assert tree(tmp_path / "m") == ir
     assert proxy.seen and all(line.split()[1].startswith(f"http://{SERVICE}/") for line in proxy.seen), proxy.seen
     assert any("alt=media" in line for line in proxy.seen)
+    # the listings and the objects, nothing else: no background GET of the bucket's metadata by the library
+    assert not [line for line in proxy.seen if "/o?" not in line and "/o/" not in line], proxy.seen
     issued = {f"Bearer {t}" for t, who in handler.issued.items() if who.startswith("reader@")}
     assert set(proxy.authorizations) <= issued and proxy.authorizations, proxy.authorizations
     from google.auth import jwt
