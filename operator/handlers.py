@@ -101,8 +101,8 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
     generation = meta.get("generation")
     try:
         spec = validation.validate(isvc)  # the one reading of the InferenceService the builders need
-        env = _storage_env(spec, meta["namespace"], cluster)
-        cluster.sync(isvc, manifests.children(spec, config, cluster.hpa_api_version, env))
+        access = _storage_access(spec, meta["namespace"], cluster)
+        cluster.sync(isvc, manifests.children(spec, config, cluster.hpa_api_version, access))
         sync_status(cluster, meta["namespace"], meta["name"], generation)
     except validation.Invalid as exc:
         sync_status(cluster, meta["namespace"], meta["name"], generation)
@@ -115,12 +115,13 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
         raise _Refused("failed", kopf.PermanentError(f"the API server refused a child: {exc}")) from None
 
 
-def _storage_env(spec: InferenceServiceSpec, namespace: str, cluster: Cluster) -> list[dict[str, Any]]:
-    """An s3:// predictor's credentials, from its ServiceAccount and the Secrets it lists (KServe's way)."""
-    if not pods.needs_s3_credentials(spec):
-        return []
+def _storage_access(spec: InferenceServiceSpec, namespace: str, cluster: Cluster) -> credentials.StorageAccess:
+    """An s3://, gs:// or hf:// predictor's credentials, from its ServiceAccount and the Secrets it lists
+    (KServe's way)."""
+    if not pods.needs_credentials(spec):
+        return credentials.StorageAccess()
     account = cluster.service_account(namespace, credentials.service_account_name(spec))
-    return credentials.s3_env(account, cluster.secrets_of(namespace, account) if account else [])
+    return credentials.storage_access(account, cluster.secrets_of(namespace, account) if account else [])
 
 
 @kopf.on.resume(*ISVC)
