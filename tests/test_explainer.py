@@ -188,7 +188,8 @@ def test_image_occlusion_is_exact_and_has_a_heatmap(explainers, model):
     sent = image.transpose(2, 0, 1) if model == "region_nchw" else image
     masks = region_masks()
     r = requests.post(f"{explainers[model].url}/v1/models/{model}:explain",
-                      json={"instances": [sent.tolist()], "parameters": {"patch_size": 4, "target": 1}}, timeout=30)
+                      json={"instances": [sent.tolist()],
+                            "parameters": {"patch_size": 4, "target": 1, "score": "output"}}, timeout=30)
     assert r.status_code == 200, r.text
     e = r.json()["explanations"][0]
     assert e["target"] == 1 and e["score"] == pytest.approx(float((image * masks[1]).sum()), rel=1e-5)
