@@ -69,7 +69,7 @@ class Options:
     target: int | None = None  # class index to explain; default: the class the unperturbed input predicts
     output: str | None = None  # output tensor to score; default: the model's first numeric output
     score: str | None = None  # "output" (the raw value) or "softmax" (of the output row); default: softmax for
-    # images scored over several classes, else output
+    # images scored over several classes that are not probabilities already, else output
     patch_size: int | None = None  # occlusion patch side; default: min(H, W) // 4
     stride: int | None = None  # step between patches; default: patch_size if given, else half the default patch
     baseline: Any = 0.0  # a number, "mean" (images: per-channel mean) or one value per feature (tabular)
@@ -259,8 +259,9 @@ class Explainer(TransformerDataPlane):
         raw = np.concatenate(await _bounded(
             [_later(predict, _rows(inp.tensor.data, a, a + chunk)) for a in range(0, n, chunk)], self.concurrency))
         width = raw.shape[1]
-        if opts.score is None:  # a probability is what moves when the object is hidden (issue 38)
-            opts.score = "softmax" if inp.kind == "image" and width > 1 else "output"
+        if opts.score is None:  # explain a probability (issue 38): the model's own, or the softmax of its logits
+            logits = inp.kind == "image" and width > 1 and not saliency.is_probability(raw)
+            opts.score = "softmax" if logits else "output"
         base = saliency.softmax(raw) if opts.score == "softmax" else raw
         targets = [opts.target if opts.target is not None else int(np.argmax(row)) for row in base]
         if any(t >= width for t in targets):

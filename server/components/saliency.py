@@ -136,6 +136,15 @@ def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype)
 
 
+def is_probability(rows: np.ndarray, tolerance: float = 1e-3) -> bool:
+    """Every row lies in [0, 1] and sums to 1 within ``tolerance``: the model ends in a softmax of its own.
+
+    The rule ovserve's TorchServe image classifier applies (server/torchserve/builtin.py, which
+    components may not import); logits almost never pass it."""
+    r = np.asarray(rows, dtype=np.float64)
+    return bool(r.size) and bool(((r >= 0) & (r <= 1)).all() and (np.abs(r.sum(axis=-1) - 1) <= tolerance).all())
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=-1, keepdims=True)
     e = np.exp(z)
