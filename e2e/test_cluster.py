@@ -12,11 +12,18 @@ packages: kubelet, containerd, kube-proxy, in a network namespace of its own; sc
 3. V2 REST and gRPC (tritonclient) through the predictor's Services (ClusterIP, kube-proxy);
 4. a rolling update (the InferenceService's args changed) while two clients send steady traffic
    through the Services, REST with a connection per request and gRPC on one long-lived channel:
-   no request fails;
-5. ``kubectl delete``: every child goes;
-6. MobileNetV2 on a PersistentVolumeClaim (``pvc://``, a hostPath volume) behind the ImageNet transformer,
-   a pod the operator wires to the predictor, the operator pod deleted right after the transformer is
-   asked for: the InferenceService converges, and a JPEG through its Service is an Egyptian cat (V1, V2).
+   no request fails; the same with a predictor pod deleted (2 replicas); the CPU limit in the cgroup;
+5. a transformer and an explainer added to the same InferenceService, wired to the predictor by the
+   operator: V2 REST and gRPC and V1 through the transformer's Service, explanations through the
+   explainer's; then one change rolls all three components under steady traffic through both
+   Services: no request fails;
+6. kube-apiserver stopped and started again: a change right after it, and a child deleted, converge;
+7. ``kubectl delete``: every child goes;
+8. MobileNetV2 on a PersistentVolumeClaim (``pvc://``, a hostPath volume), ``protocolVersion: grpc-v1``:
+   TorchServe's gRPC client (stubs from TorchServe's inference.proto) names the photo's cat through
+   the predictor's Service; then the ImageNet transformer, a pod the operator wires to the predictor,
+   the operator pod deleted right after the transformer is asked for: the InferenceService converges,
+   and a JPEG through its Service is an Egyptian cat (V1, V2).
 
 The clients run inside the cluster's network namespace (``$RUN/in-node``), as a pod's neighbour
 would; nothing in the namespace can reach the machine's network. One cluster for the module, up
@@ -125,13 +132,16 @@ class Cluster:
             parts.append(f"$ kubectl {' '.join(args)}\n{(out.stdout + out.stderr)[-5000:]}")
         return "\n".join(parts)
 
-    def wait_ready(self, kind: str, name: str, timeout: float) -> None:
-        """Until ``kind/name`` is Ready; fails at once, with the state, when a pod of its crash-loops."""
+    def wait_ready(self, kind: str, name: str, timeout: float, components: tuple[str, ...] = ()) -> None:
+        """Until ``kind/name`` is Ready for its latest spec (its status's observedGeneration), with ``components``
+        in its status; fails at once, with the state, when a pod of its crash-loops."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             doc = self.get("-n", NS, kind, name)
-            conditions = {c["type"]: c["status"] for c in doc.get("status", {}).get("conditions", [])}
-            if conditions.get("Ready") == "True":
+            status = doc.get("status", {})
+            conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+            if (conditions.get("Ready") == "True" and status.get("observedGeneration") == doc["metadata"]["generation"]
+                    and all((status.get("components") or {}).get(x) for x in components)):
                 return
             pods = self.get("-n", NS, "pods", "-l", f"serving.kserve.io/inferenceservice={name}")["items"]
             for pod in pods:
@@ -271,12 +281,14 @@ def test_an_inference_service_is_ready_and_answers_through_its_services(linear: 
 
 
 class Load:
-    """e2e/steady_load.py in the cluster's namespace, from start to its summary."""
+    """e2e/steady_load.py in the cluster's namespace, from start to its summary: REST and gRPC at the given
+    addresses (the predictor's by default), and an explainer's :explain when given one."""
 
-    def __init__(self, c: Cluster) -> None:
-        rest, grpc = _endpoints(c)
+    def __init__(self, c: Cluster, endpoints: tuple[str, str] | None = None, explain: str | None = None) -> None:
+        rest, grpc = endpoints or _endpoints(c)
         self.proc = subprocess.Popen([str(c.in_node), sys.executable, str(HERE / "steady_load.py"), "--rest", rest,
-                                      "--grpc", grpc, "--rate", "20", "--seconds", "600"],
+                                      "--grpc", grpc, *(["--explain", explain] if explain else []),
+                                      "--rate", "20", "--seconds", "600"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         started = self.proc.stdout.readline().strip()
@@ -400,6 +412,157 @@ def test_the_cpu_limit_reaches_the_cgroup_and_the_server_sizes_itself_to_it(line
                 in logs), logs[-3000:]
 
 
+# -- a transformer and an explainer in front of the same predictor ------------------------------------------------
+
+
+def _linear_now(c: Cluster) -> dict[str, Any]:
+    """The InferenceService "linear" as the last test left it, to change and apply again."""
+    doc = c.get("-n", NS, "inferenceservice", "linear")
+    return {"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": "linear", "namespace": NS},
+            "spec": doc["spec"]}
+
+
+def _component(c: Cluster, args: list[str], ports: list[dict[str, Any]]) -> dict[str, Any]:
+    """A transformer or explainer component as a KServe user writes one: the server image's own component
+    (the operator adds --model_name, --predictor_host and --http_port), Ready once it answers."""
+    predictor_ip, _ = c.service("linear-predictor")
+    container: dict[str, Any] = {
+        "name": "kserve-container", "image": f"ovserve:{c.tag}", "imagePullPolicy": "IfNotPresent",
+        "command": ["ovserve"], "args": args,
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}
+    if ports:
+        container["ports"] = ports
+    # linear-predictor.<namespace>, the address the operator gives, by the hosts file: no cluster DNS here
+    return {"containers": [container],
+            "hostAliases": [{"ip": predictor_ip, "hostnames": [f"linear-predictor.{NS}"]}]}
+
+
+#: the transformer serves V2 gRPC too (its --grpc_port, on the port named h2c), so gRPC clients go through it
+TRANSFORMER_PORTS = [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                     {"name": "h2c", "containerPort": 8081, "protocol": "TCP"}]
+
+
+def _front_endpoints(c: Cluster) -> tuple[tuple[str, str], str]:
+    """(REST, gRPC) through the InferenceService's own Service, the transformer's now; the explainer's REST."""
+    ip, ports = c.service("linear")
+    explainer_ip, explainer_ports = c.service("linear-explainer")
+    return (f"{ip}:{ports['http']}", f"{ip}:{ports['h2c']}"), f"{explainer_ip}:{explainer_ports['http']}"
+
+
+def test_a_transformer_and_an_explainer_reach_the_predictor_through_their_services(linear: Cluster) -> None:
+    """The pass-through transformer (V2 REST and gRPC, V1) and the explainer (KServe V1 :explain) as pods the
+    operator wires to the predictor: the InferenceService's Service now routes to the transformer, and the
+    answers (y = x @ W + b, the explainer's exact feature ablation) come from the predictor's model."""
+    c = linear
+    isvc = _linear_now(c)
+    isvc["spec"]["transformer"] = _component(c, ["transformer", "--grpc_port", "8081"], TRANSFORMER_PORTS)
+    isvc["spec"]["explainer"] = _component(c, ["explainer"], [])
+    started = time.monotonic()
+    c.apply([isvc])
+    c.wait_ready("inferenceservice", "linear", 300, components=("transformer", "explainer"))
+    print(f"\ntransformer and explainer Ready {time.monotonic() - started:.0f} s after kubectl apply")
+    assert c.get("-n", NS, "service", "linear")["spec"]["selector"]["component"] == "transformer"
+    explainer = c.get("-n", NS, "deployment", "linear-explainer")["spec"]["template"]["spec"]["containers"][0]
+    assert explainer["args"][explainer["args"].index("--predictor_host") + 1] == f"linear-predictor.{NS}"
+    (rest, grpc), explain = _front_endpoints(c)
+    out = c.python(str(HERE / "infer.py"), "--model", "linear", "--rest", rest, "--grpc", grpc, "--explain", explain,
+                   timeout=120)
+    for line in ("REST", "gRPC", "V1", "EXPLAIN"):
+        assert f"\n{line} " in f"\n{out.stdout}", out.stdout
+    assert "expected" not in out.stdout, out.stdout
+
+
+def test_a_rolling_update_of_every_component_under_steady_traffic_loses_no_request(linear: Cluster) -> None:
+    """One change to the predictor, the transformer and the explainer at once (a new variable in each, so three
+    new ReplicaSets), while clients send steady traffic through the transformer's Service (REST, a connection
+    per request; gRPC on one channel) and the explainer's: no request fails."""
+    c = linear
+    before = {p["metadata"]["name"] for p in _pods(c)}
+    assert len(before) == 3, before
+    endpoints, explain = _front_endpoints(c)
+    isvc = _linear_now(c)
+    marker = {"name": "E2E_ROLL", "value": str(time.time_ns())}  # a value no template had
+    for holder in (isvc["spec"]["predictor"]["model"], *(isvc["spec"][x]["containers"][0]
+                                                          for x in ("transformer", "explainer"))):
+        holder["env"] = [var for var in holder.get("env", []) if var["name"] != marker["name"]] + [marker]
+    load = Load(c, endpoints, explain)
+    try:
+        time.sleep(3)
+        started = time.monotonic()
+        c.apply([isvc])
+        for component in ("predictor", "transformer", "explainer"):
+            c.kubectl("-n", NS, "rollout", "status", f"deployment/linear-{component}", "--timeout=300s", timeout=320)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the old pods are gone, their drains included
+            now = {p["metadata"]["name"] for p in _pods(c)}
+            if not now & before:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"old pods are still there: {now & before}\n{c.state()}")
+        rolled = time.monotonic() - started
+        time.sleep(3)
+    finally:
+        summary = load.stop()
+    print(f"\nrolling update of three components: {rolled:.0f} s; REST {summary['rest']['ok']} ok, "
+          f"gRPC {summary['grpc']['ok']} ok, explain {summary['explain']['ok']} ok")
+    assert all(summary[name]["ok"] > 100 for name in ("rest", "grpc", "explain")), summary
+    assert summary["rest"]["failed"] == 0 and summary["explain"]["failed"] == 0 and not grpc_lost(summary), summary
+
+
+def _operator_log(c: Cluster) -> Path:
+    """The operator container's log file on the node (the kubelet's, under /var/log/pods): readable while the
+    API server, through which ``kubectl logs`` goes, is down."""
+    (pod,) = [p for p in c.get("-n", RELEASE_NS, "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+              if not p["metadata"].get("deletionTimestamp")]
+    folder = Path("/var/log/pods") / f"{RELEASE_NS}_{pod['metadata']['name']}_{pod['metadata']['uid']}" / "operator"
+    logs = sorted(folder.glob("*.log"), key=lambda f: f.stat().st_mtime)
+    assert logs, f"no log in {folder}"
+    return logs[-1]
+
+
+def test_the_inference_service_converges_after_the_api_server_restarts(linear: Cluster) -> None:
+    """kube-apiserver stopped (until the operator has noticed) and started again, as scripts/cluster/up.sh ran it;
+    right after, the InferenceService made autoscaled (a HorizontalPodAutoscaler to create, autoscaling/v2beta2
+    on this Kubernetes) and a child Deployment deleted: the operator's watches come back, and the
+    InferenceService converges, Ready."""
+    c = linear
+    log = _operator_log(c)
+    mark = log.stat().st_size
+    component = ["bash", SCRIPTS / "cluster/component.sh"]
+    _run(*component, "stop", "kube-apiserver", timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while "Request attempt" not in log.read_text(errors="replace")[mark:]:
+            assert time.monotonic() < deadline, f"the operator did not notice the outage:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+    finally:
+        _run(*component, "start", "kube-apiserver", timeout=60)
+    deadline = time.monotonic() + 90
+    while c.kubectl("get", "--raw", "/readyz", check=False, timeout=20).returncode != 0:
+        assert time.monotonic() < deadline, "kube-apiserver not ready again after 90 s"
+        time.sleep(0.5)
+    restarted = time.monotonic()
+    isvc = _linear_now(c)
+    isvc["spec"]["predictor"].update(minReplicas=1, maxReplicas=2)
+    c.apply([isvc])
+    old = c.get("-n", NS, "deployment", "linear-explainer")["metadata"]["uid"]
+    c.kubectl("-n", NS, "delete", "deployment", "linear-explainer", "--wait=false")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the new InferenceService watch and the new Deployment watch at work
+        hpa = c.kubectl("-n", NS, "get", "hpa.v2beta2.autoscaling", "linear-predictor", "-o", "json", check=False)
+        dep = c.kubectl("-n", NS, "get", "deployment", "linear-explainer", "-o", "json", check=False)
+        if hpa.returncode == 0 and dep.returncode == 0 and json.loads(dep.stdout)["metadata"]["uid"] != old:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"the operator did not converge after the API server's restart:\n{c.state()}")
+    assert json.loads(hpa.stdout)["spec"]["maxReplicas"] == 2
+    c.wait_ready("inferenceservice", "linear", 120, components=("transformer", "explainer"))
+    print(f"\nconverged {time.monotonic() - restarted:.0f} s after the API server was ready again")
+
+
 def test_deleting_the_inference_service_leaves_nothing(linear: Cluster) -> None:
     c = linear
     c.kubectl("-n", NS, "delete", "inferenceservice", "linear", "--wait", "--timeout=120s", timeout=150)
@@ -424,13 +587,15 @@ IMAGENET = "ovserve.server.components.imagenet:ImageNetTransformer"
 
 
 def _classifier_isvc(tag: str, transformer_hosts: dict[str, str] | None = None) -> dict[str, Any]:
-    """An InferenceService "classifier": MobileNetV2 from pvc://models/mobilenet_v2 and, given the predictor
-    Service's address, the ImageNet transformer in front of it."""
+    """An InferenceService "classifier": MobileNetV2 from pvc://models/mobilenet_v2, TorchServe's gRPC API too
+    (``protocolVersion: grpc-v1``) and, given the predictor Service's address, the ImageNet transformer in front."""
     doc: dict[str, Any] = {
         "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
         "metadata": {"name": "classifier", "namespace": NS},
         "spec": {"predictor": {"model": {
-            "modelFormat": {"name": "openvino"}, "storageUri": f"pvc://{CLAIM}/mobilenet_v2",
+            # KServe's name for TorchServe's gRPC API: its inference API on port 7070 beside V1/V2
+            "modelFormat": {"name": "openvino"}, "protocolVersion": "grpc-v1",
+            "storageUri": f"pvc://{CLAIM}/mobilenet_v2",
             "args": ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}']}}},
     }
     if transformer_hosts is not None:
@@ -494,12 +659,9 @@ def volume(operator: Cluster) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_model_on_a_claim_behind_a_transformer_names_the_cat_though_the_operator_was_killed(
-        operator: Cluster, volume: Path, photo: Path) -> None:
-    """pvc:// (a hostPath PersistentVolume, mounted read-only into the predictor, no copy); the ImageNet
-    transformer as a pod, wired to the predictor by the operator; a JPEG through the InferenceService's
-    Service, V1 and V2, named an Egyptian cat. The operator pod is deleted right after the transformer is
-    asked for (mid-reconcile, as a node drain would): its Deployment's next pod finishes the work."""
+@pytest.fixture(scope="module")
+def classifier(operator: Cluster, volume: Path) -> Cluster:
+    """The InferenceService "classifier" (no transformer yet), Ready: its model mounted from the claim."""
     c = operator
     started = time.monotonic()
     c.apply([_classifier_isvc(c.tag)])
@@ -508,9 +670,35 @@ def test_a_model_on_a_claim_behind_a_transformer_names_the_cat_though_the_operat
     assert {"name": "ovserve-model-pvc", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}} \
         in predictor["volumes"], predictor["volumes"]
     assert not predictor.get("initContainers"), "pvc:// is mounted, not copied"
-    ip, _ = c.service("classifier-predictor")
     print(f"\nclassifier predictor Ready {time.monotonic() - started:.0f} s after kubectl apply")
+    return c
 
+
+def test_a_torchserve_client_names_the_cat_through_a_grpc_v1_inference_service(classifier: Cluster,
+                                                                                 photo: Path) -> None:
+    """``protocolVersion: grpc-v1``: the predictor's Service has TorchServe's inference port, 7070, and a client
+    generated from TorchServe's inference.proto pings it and has the photo's bytes classified (TorchServe's
+    image classifier answer: the top labels with their probabilities)."""
+    c = classifier
+    svc = c.get("-n", NS, "service", "classifier-predictor")
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["grpc-ts"]["port"] == 7070 and ports["grpc-ts"]["appProtocol"] == "kubernetes.io/h2c", ports
+    out = c.run(sys.executable, str(HERE / "ts_predict.py"), "--model", "classifier", "--target",
+                f"{svc['spec']['clusterIP']}:7070", "--photo", str(photo), "--want", "Egyptian cat", timeout=180,
+                check=False)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{c.state()}"
+    lines = out.stdout.splitlines()
+    assert lines[0] == 'Ping {"status": "Healthy"}' and lines[1].startswith("Egyptian cat: "), out.stdout
+
+
+def test_a_model_on_a_claim_behind_a_transformer_names_the_cat_though_the_operator_was_killed(
+        classifier: Cluster, photo: Path) -> None:
+    """pvc:// (a hostPath PersistentVolume, mounted read-only into the predictor, no copy); the ImageNet
+    transformer as a pod, wired to the predictor by the operator; a JPEG through the InferenceService's
+    Service, V1 and V2, named an Egyptian cat. The operator pod is deleted right after the transformer is
+    asked for (mid-reconcile, as a node drain would): its Deployment's next pod finishes the work."""
+    c = classifier
+    ip, _ = c.service("classifier-predictor")
     started = time.monotonic()
     c.apply([_classifier_isvc(c.tag, {f"classifier-predictor.{NS}": ip})])
     c.kubectl("-n", RELEASE_NS, "delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false")

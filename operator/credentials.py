@@ -1,4 +1,4 @@
-"""S3 credentials the way KServe finds them, as the storage initializer's env (pure).
+"""Storage credentials the way KServe finds them, as the storage initializer's env, volumes and mounts (pure).
 
 KServe's convention (docs/operator.md, "Models on S3"): the predictor's ServiceAccount
 (``spec.predictor.serviceAccountName``, else ``default``) lists Secrets; a Secret holding
@@ -7,9 +7,16 @@ init container by reference (``secretKeyRef``: the operator never copies a value
 its ``serving.kserve.io/s3-*`` annotations become the variables KServe's storage initializer reads, which
 ovserve's reads too (server/storage_s3.py). The ServiceAccount's own ``s3-*`` annotations (KServe reads
 them beside ``eks.amazonaws.com/role-arn``, IAM roles for service accounts) come first; a Secret's win.
+
+A Secret holding ``gcloud-application-credentials.json`` (and no S3 key) is a GCS service account's key, mounted
+read-only at ``/var/secrets/`` in the init container (volume ``user-gcp-sa``) with ``GOOGLE_APPLICATION_CREDENTIALS``
+naming the file; one holding ``HF_TOKEN`` (and neither) gives ``HF_TOKEN`` by reference. Each Secret is one kind,
+tried in KServe's order (S3, GCS, Hugging Face), whatever the scheme of the storageUri, as KServe's credential
+builder does (docs/operator.md, "Models on GCS and the Hugging Face Hub").
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .spec import InferenceServiceSpec
@@ -73,6 +80,45 @@ def s3_env(service_account: dict[str, Any] | None, secrets: list[dict[str, Any]]
         merged.pop(var["name"], None)
         merged[var["name"]] = var
     return list(merged.values())
+
+
+#: KServe's GCS convention (its credential builder's defaults): the key in the Secret, the volume, where it is mounted
+GCS_KEY = "gcloud-application-credentials.json"
+GCS_VOLUME = "user-gcp-sa"
+GCS_MOUNT = "/var/secrets/"
+HF_TOKEN = "HF_TOKEN"
+
+
+@dataclass(frozen=True)
+class StorageAccess:
+    """What the predictor's storage initializer gets from its ServiceAccount's Secrets: its ``env`` and
+    ``mounts``, and the pod's ``volumes`` they need."""
+
+    env: tuple[dict[str, Any], ...] = ()
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+
+
+def storage_access(service_account: dict[str, Any] | None, secrets: list[dict[str, Any]]) -> StorageAccess:
+    """The storage initializer's credentials from the ServiceAccount and its Secrets (in the order it lists
+    them): S3's as :func:`s3_env`, a GCS key file mounted, a Hugging Face token by reference."""
+    env = {var["name"]: var for var in s3_env(service_account, secrets)}
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for secret in secrets:
+        data, name = secret.get("data") or {}, secret["metadata"]["name"]
+        if any(key_secret in data for _, key_secret in KEY_NAMES):
+            continue  # an S3 Secret: in s3_env
+        if GCS_KEY in data:
+            if not volumes:  # one key file, the first Secret's: KServe adds the volume once, by its name
+                volumes.append({"name": GCS_VOLUME, "secret": {"secretName": name}})
+                mounts.append({"name": GCS_VOLUME, "mountPath": GCS_MOUNT, "readOnly": True})
+                env["GOOGLE_APPLICATION_CREDENTIALS"] = {"name": "GOOGLE_APPLICATION_CREDENTIALS",
+                                                         "value": GCS_MOUNT + GCS_KEY}
+        elif HF_TOKEN in data:
+            env.pop(HF_TOKEN, None)
+            env[HF_TOKEN] = {"name": HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": name, "key": HF_TOKEN}}}
+    return StorageAccess(tuple(env.values()), tuple(volumes), tuple(mounts))
 
 
 def service_account_name(spec: InferenceServiceSpec) -> str:

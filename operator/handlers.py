@@ -101,8 +101,8 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
     generation = meta.get("generation")
     try:
         spec = validation.validate(isvc)  # the one reading of the InferenceService the builders need
-        env = _storage_env(spec, meta["namespace"], cluster)
-        cluster.sync(isvc, manifests.children(spec, config, cluster.hpa_api_version, env))
+        access = _storage_access(spec, meta["namespace"], cluster)
+        cluster.sync(isvc, manifests.children(spec, config, cluster.hpa_api_version, access))
         sync_status(cluster, meta["namespace"], meta["name"], generation)
     except validation.Invalid as exc:
         sync_status(cluster, meta["namespace"], meta["name"], generation)
@@ -115,12 +115,13 @@ def _reconcile(isvc: dict[str, Any], cluster: Cluster, config: Config) -> None:
         raise _Refused("failed", kopf.PermanentError(f"the API server refused a child: {exc}")) from None
 
 
-def _storage_env(spec: InferenceServiceSpec, namespace: str, cluster: Cluster) -> list[dict[str, Any]]:
-    """An s3:// predictor's credentials, from its ServiceAccount and the Secrets it lists (KServe's way)."""
-    if not pods.needs_s3_credentials(spec):
-        return []
+def _storage_access(spec: InferenceServiceSpec, namespace: str, cluster: Cluster) -> credentials.StorageAccess:
+    """An s3://, gs:// or hf:// predictor's credentials, from its ServiceAccount and the Secrets it lists
+    (KServe's way)."""
+    if not pods.needs_credentials(spec):
+        return credentials.StorageAccess()
     account = cluster.service_account(namespace, credentials.service_account_name(spec))
-    return credentials.s3_env(account, cluster.secrets_of(namespace, account) if account else [])
+    return credentials.storage_access(account, cluster.secrets_of(namespace, account) if account else [])
 
 
 @kopf.on.resume(*ISVC)
@@ -140,18 +141,34 @@ def known(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> No
         memo.known.add(meta["namespace"], meta["name"])
 
 
+def _recreated(body: kopf.Body, memo: kopf.Memo) -> bool:
+    """A child was deleted: reconcile its owner at once if the owner still wants it (whether it did)."""
+    labels = body["metadata"]["labels"]
+    isvc = memo.cluster.get_isvc(body["metadata"]["namespace"], labels[n.ISVC_LABEL])
+    if not isvc or isvc["metadata"].get("deletionTimestamp"):
+        return False
+    component = labels.get(n.COMPONENT_LABEL)  # none: the InferenceService's own entry Service
+    if component is not None and component not in n.present_components(isvc):
+        return False
+    with contextlib.suppress(kopf.PermanentError):  # already reported in the InferenceService's status
+        reconcile(isvc, memo.cluster, memo.config)
+    return True
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 def child_deployment(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> None:
     """A child Deployment changed: refresh the owner's status; recreate it if it was deleted."""
-    namespace, owner = body["metadata"]["namespace"], body["metadata"]["labels"][n.ISVC_LABEL]
+    if type == "DELETED" and _recreated(body, memo):
+        return
+    sync_status(memo.cluster, body["metadata"]["namespace"], body["metadata"]["labels"][n.ISVC_LABEL])
+
+
+@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
+def child_service(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: object) -> None:
+    """A child Service deleted (by hand, by a clean-up script): made again at once, not at the next resync
+    (``--resync-seconds``, a minute by default), as controllers that own their Services do."""
     if type == "DELETED":
-        isvc = memo.cluster.get_isvc(namespace, owner)
-        component = body["metadata"]["labels"].get(n.COMPONENT_LABEL)
-        if isvc and not isvc["metadata"].get("deletionTimestamp") and component in n.present_components(isvc):
-            with contextlib.suppress(kopf.PermanentError):  # already reported in the InferenceService's status
-                reconcile(isvc, memo.cluster, memo.config)
-            return
-    sync_status(memo.cluster, namespace, owner)
+        _recreated(body, memo)
 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)

@@ -11,6 +11,7 @@ from typing import Any
 from . import names as n
 from . import pods, tls
 from .config import Config
+from .credentials import StorageAccess
 from .spec import ComponentSpec, InferenceServiceSpec, thaw
 
 
@@ -29,12 +30,12 @@ def _metadata(spec: InferenceServiceSpec, name: str, labels: dict[str, Any],
 
 
 def deployment(spec: InferenceServiceSpec, component: str, cfg: Config,
-               storage_env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               storage_access: StorageAccess | None = None) -> dict[str, Any]:
     own = spec.components[component]
     labels = n.child_labels(spec.name, component)
     user_labels = dict(own.labels)
     template = {"metadata": {"labels": {**user_labels, **labels}},
-                "spec": pods.draining(pods.pod_spec(spec, component, cfg, storage_env))}
+                "spec": pods.draining(pods.pod_spec(spec, component, cfg, storage_access))}
     annotations = {**pods.scrape_annotations(spec, component), **own.annotations}  # the spec's win
     if annotations:
         template["metadata"]["annotations"] = annotations
@@ -94,12 +95,13 @@ def hpa(spec: InferenceServiceSpec, component: str, api_version: str = "autoscal
 
 
 def children(spec: InferenceServiceSpec, cfg: Config, hpa_api_version: str = "autoscaling/v2",
-             storage_env: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Every child object the InferenceService should have, in apply order; ``storage_env``: the predictor's
-    storage initializer's (``credentials.s3_env``). Built objects share nothing with ``spec`` or each other."""
+             storage_access: StorageAccess | None = None) -> list[dict[str, Any]]:
+    """Every child object the InferenceService should have, in apply order; ``storage_access``: the predictor's
+    storage initializer's credentials (``credentials.storage_access``). Built objects share nothing with
+    ``spec`` or each other."""
     out: list[dict[str, Any]] = []
     for component in spec.components:
-        out += [deployment(spec, component, cfg, storage_env if component == "predictor" else None),
+        out += [deployment(spec, component, cfg, storage_access if component == "predictor" else None),
                 service(spec, component)]
         scaler = hpa(spec, component, hpa_api_version)
         if scaler:

@@ -11,6 +11,7 @@ from typing import Any
 from . import names as n
 from . import tls
 from .config import Config
+from .credentials import StorageAccess
 from .spec import Fields, InferenceServiceSpec, ModelSpec, thaw
 from .storage_uri import StoragePlan
 
@@ -52,10 +53,10 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
             "timeoutSeconds": 5, "failureThreshold": failures}
 
 
-def _storage(where: StoragePlan, cfg: Config, env: list[dict[str, Any]]
+def _storage(where: StoragePlan, cfg: Config, access: StorageAccess
              ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(model path, server mounts, init containers, volumes) for a storageUri's plan; ``env``: the init
-    container's (an s3:// model's credentials, ``credentials.s3_env``)."""
+    """(model path, server mounts, init containers, volumes) for a storageUri's plan; ``access``: the init
+    container's credentials (``credentials.storage_access``)."""
     if where.kind == "pvc":
         volume = {"name": PVC_VOLUME, "persistentVolumeClaim": {"claimName": where.source, "readOnly": True}}
         mount = {"name": PVC_VOLUME, "mountPath": PVC_MOUNT, "readOnly": True}
@@ -71,8 +72,10 @@ def _storage(where: StoragePlan, cfg: Config, env: list[dict[str, Any]]
             "command": ["ovserve", "storage-initializer", source, n.MODEL_MOUNT], "volumeMounts": init_mounts}
     if cfg.image_pull_policy:
         init["imagePullPolicy"] = cfg.image_pull_policy
-    if env:
-        init["env"] = copy.deepcopy(env)
+    if access.env:
+        init["env"] = copy.deepcopy(list(access.env))
+    init_mounts += copy.deepcopy(list(access.mounts))
+    volumes += copy.deepcopy(list(access.volumes))
     server_mounts = [{"name": MODELS_VOLUME, "mountPath": n.MODEL_MOUNT, "readOnly": True}]
     return n.MODEL_MOUNT, server_mounts, [init], volumes
 
@@ -133,10 +136,10 @@ def _metrics_in_plain_text(model: ModelSpec) -> bool:
 
 
 def ovserve_container(spec: InferenceServiceSpec, model: ModelSpec, cfg: Config,
-                      storage_env: list[dict[str, Any]] | None = None
+                      storage_access: StorageAccess | None = None
                       ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The ovserve server container of a ``model`` predictor, its init containers and volumes."""
-    model_path, mounts, inits, volumes = _storage(model.storage, cfg, storage_env or [])
+    model_path, mounts, inits, volumes = _storage(model.storage, cfg, storage_access or StorageAccess())
     ports = dict(spec.predictor.ports)
     args = ["serve", "--model-name", spec.name, "--model-path", model_path]
     for name, port in ports.items():
@@ -191,19 +194,25 @@ def user_containers(spec: InferenceServiceSpec, component: str) -> list[dict[str
     return containers
 
 
-def needs_s3_credentials(spec: InferenceServiceSpec) -> bool:
-    """The predictor's storage initializer fetches from S3: the handler looks up its credentials."""
+#: the stores whose credentials the handler looks up in the predictor's ServiceAccount
+STORES_WITH_CREDENTIALS = ("s3", "gcs", "hf")
+
+
+def needs_credentials(spec: InferenceServiceSpec) -> bool:
+    """The predictor's storage initializer fetches from S3, GCS or the Hugging Face Hub: the handler looks up
+    its credentials."""
     model = spec.predictor.model
-    return model is not None and model.storage.kind == "s3"
+    return model is not None and model.storage.kind in STORES_WITH_CREDENTIALS
 
 
 def pod_spec(spec: InferenceServiceSpec, component: str, cfg: Config,
-             storage_env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A component's pod; ``storage_env``: the predictor's storage initializer's env (``credentials.s3_env``,
-    which needs the API; ``ovserve run`` has none: the local processes inherit the user's environment)."""
+             storage_access: StorageAccess | None = None) -> dict[str, Any]:
+    """A component's pod; ``storage_access``: the predictor's storage initializer's credentials
+    (``credentials.storage_access``, which needs the API; ``ovserve run`` has none: the local processes inherit
+    the user's environment)."""
     own = spec.components[component]
     if own.model is not None:  # the predictor's model: the ovserve server
-        container, inits, volumes = ovserve_container(spec, own.model, cfg, storage_env)
+        container, inits, volumes = ovserve_container(spec, own.model, cfg, storage_access)
         pod: dict[str, Any] = {"containers": [container]}
         if inits:
             pod["initContainers"] = inits

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from . import credentials, pods, tls
 from . import names as n
-from . import pods, tls
 from .spec import ComponentSpec, InferenceServiceSpec, ModelSpec, freeze
 from .storage_uri import BadStorageUri, plan
 
@@ -27,7 +27,7 @@ MODEL_FORMATS = ("openvino", "onnx")
 RUNTIMES = ("", "ovserve")
 FRAMEWORKS = ("sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx", "lightgbm", "paddle",
               "pmml", "huggingface")
-RESERVED_VOLUMES = (pods.MODELS_VOLUME, pods.PVC_VOLUME, pods.HOST_VOLUME, tls.VOLUME)
+RESERVED_VOLUMES = (pods.MODELS_VOLUME, pods.PVC_VOLUME, pods.HOST_VOLUME, tls.VOLUME, credentials.GCS_VOLUME)
 INT32 = 2**31 - 1  # replicas and ports are int32 in the Deployment and Service they end up in
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 SCALE_METRICS = ("cpu", "memory")

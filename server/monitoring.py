@@ -62,8 +62,20 @@ def add_listeners(listeners: list[tuple[Listener, int]], dataplane: DataPlane, s
         return [((name, ), _in_flight(listener)) for name, listener in counters]
 
     made.collect("ovserve_requests_in_flight", in_flight)
+
+    def malformed() -> list[tuple[tuple[str | None, ...], int]]:
+        return [((name, reason), count) for name, listener in counters
+                for reason, count in _refused(listener).items()]
+
+    made.collect("ovserve_requests_malformed_total", malformed)
     if made.port is not None:
         listeners.append((MetricsListener(dataplane, made.path, settings.max_header_bytes), made.port))
+
+
+def _refused(listener: Any) -> dict[str, int]:
+    """A gRPC listener's calls refused at its door, by reason (none on REST, whose parser refuses before)."""
+    door = getattr(listener, "door", None)
+    return dict(door.refused) if door is not None else {}
 
 
 def _in_flight(listener: Any) -> int:

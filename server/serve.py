@@ -78,7 +78,8 @@ def build(settings: Settings) -> Server:
                             registered_defaults=dataclasses.replace(model_defaults(settings), shape=None,
                                                                     layout=None, batch_size=None),
                             ts_policy=WorkerPolicy(settings.ts_workers, settings.ts_max_workers,
-                                                   settings.ts_worker_memory_mib << 20))
+                                                   settings.ts_worker_memory_mib << 20,
+                                                   arena_bytes=settings.ts_worker_arena_mib << 20))
     rest = RestListener(dataplane, settings.max_request_bytes, settings.max_header_bytes, gate=gate)
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only

@@ -1,18 +1,20 @@
 """``ovserve storage-initializer SRC DEST``: put a model where the server reads it.
 
 SRC is an ``http(s)://`` URL of a file or of an archive (.tar, .tar.gz/.tgz,
-.tar.bz2, .tar.xz, .zip: unpacked), an ``s3://bucket/prefix`` (every object under
-the prefix, or the one object it names; AWS_* and S3_* variables as KServe's),
-a ``file://`` URI or a local path (a folder is copied with its contents, a file
+.tar.bz2, .tar.xz, .zip: unpacked), an ``s3://bucket/prefix`` or a
+``gs://bucket/prefix`` (every object under the prefix, or the one object it
+names), a model repository on the Hugging Face Hub, ``hf://org/repo[:revision]``
+(configured by the variables KServe's storage initializer reads), a
+``file://`` URI or a local path (a folder is copied with its contents, a file
 into DEST, an archive unpacked). This is what the operator's init container
 runs; ``pvc://`` claims are mounted by the operator instead, never copied.
 
 All or nothing: the model is fetched (and unpacked) into a scratch folder inside
 DEST, then merged into DEST only when all of it arrived intact; on any failure
 DEST is left as it was. Downloads must match their Content-Length (and the
---sha256 or #sha256= digest when given), S3 objects their listed size, checksum
-and MD5 ETag; archives are verified to their last CRC and may not expand beyond
---max-unpacked-bytes, --max-files or --max-ratio.
+--sha256 or #sha256= digest when given), objects their listed size and the
+store's checksums; archives are verified to their last CRC and may not expand
+beyond --max-unpacked-bytes, --max-files or --max-ratio.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from .archives import (
     is_archive,
     unpack,
 )
+from .object_store import ObjectStoreError
 from .version import __version__
 
 if sys.platform != "win32":  # Windows has no advisory locks, so no sweeping either
@@ -186,9 +189,14 @@ def _source(src: str, dest: Path, sha256: str | None, opener: urllib.request.Ope
         return lambda work, tree, limits: _copy_folder(local, work, tree, limits)
     if scheme == "s3":
         return _s3_source(src, sha256)
+    if scheme == "gs":
+        return _gcs_source(src, sha256)
+    if scheme == "hf":
+        return _hf_source(src, sha256)
     if scheme == "pvc":
         raise StorageError(f"{src}: a pvc:// claim is mounted by the operator, not copied")
-    raise StorageError(f"{src}: unsupported scheme {scheme!r} (use s3://, http(s)://, file:// or a local path)")
+    raise StorageError(f"{src}: unsupported scheme {scheme!r} (use s3://, gs://, hf://, http(s)://, file:// or a "
+                       "local path)")
 
 
 # -- s3:// -------------------------------------------------------------------------------
@@ -200,7 +208,7 @@ def _s3_source(src: str, sha256: str | None) -> Fetch:
 
     try:
         bucket, prefix = s3.parse(src)
-    except s3.S3Error as exc:
+    except ObjectStoreError as exc:
         raise StorageError(str(exc)) from None
     expected = _expected_sha256(sha256, src.partition("#")[2], src)
     where = f"s3://{bucket}/{prefix}"
@@ -220,7 +228,7 @@ def _s3_source(src: str, sha256: str | None) -> Fetch:
                         _place(path, name, tree, limits)
         except StorageError:
             raise
-        except s3.S3Error as exc:
+        except ObjectStoreError as exc:
             raise StorageError(f"{where}: {exc}") from None
         except Exception as exc:  # botocore's and s3transfer's, on one line
             if isinstance(exc, OSError) and not type(exc).__module__.startswith(("botocore", "s3transfer")):
@@ -229,6 +237,82 @@ def _s3_source(src: str, sha256: str | None) -> Fetch:
             if anonymous and ("AccessDenied" in why or "403" in why):
                 why += " (no credentials were found, so the request was anonymous)"
             raise StorageError(f"{where}: {why}") from None
+    return fetch
+
+
+# -- gs:// -------------------------------------------------------------------------------
+
+def _gcs_source(src: str, sha256: str | None) -> Fetch:
+    if importlib.util.find_spec("google.cloud.storage") is None:
+        raise StorageError(f"{src}: gs:// needs google-cloud-storage: pip install 'ovserve[gcs]' "
+                           "(the server image has it)")
+    from . import storage_gcs as gcs
+
+    try:
+        bucket, prefix = gcs.parse(src)
+    except ObjectStoreError as exc:
+        raise StorageError(str(exc)) from None
+    expected = _expected_sha256(sha256, src.partition("#")[2], src)
+    where = f"gs://{bucket}/{prefix}"
+
+    def fetch(work: Path, tree: Path, limits: Limits) -> None:
+        anonymous, client = False, None
+        try:
+            client, anonymous = gcs.client()
+            objects = gcs.listing(client, bucket, prefix, limits)
+            single = objects[0].path == ""
+            if expected is not None and not single:
+                raise gcs.GCSError("is a folder of objects; --sha256 checks one object")
+            name = PurePosixPath(objects[0].name).name
+            for _, path in gcs.download(client, bucket, objects, work if single and is_archive(name) else tree):
+                if single:
+                    _check_sha256(_file_sha256(path), expected, where)
+                    if is_archive(name):
+                        _place(path, name, tree, limits)
+        except StorageError:
+            raise
+        except ObjectStoreError as exc:
+            raise StorageError(f"{where}: {exc}") from None
+        except Exception as exc:  # the library's, google-auth's and requests', on one line
+            if isinstance(exc, OSError) and not gcs.is_library_error(exc):
+                raise  # the disk's (no space, read-only): main() prints those as they are
+            why = gcs.describe(exc)
+            if anonymous and ("Forbidden" in why or "Unauthorized" in why):
+                why += " (no credentials were found, so the request was anonymous)"
+            raise StorageError(f"{where}: {why}") from None
+        finally:
+            if client is not None:
+                client.close()  # its connections and its bucket metadata cache
+    return fetch
+
+
+# -- hf:// -------------------------------------------------------------------------------
+
+def _hf_source(src: str, sha256: str | None) -> Fetch:
+    if importlib.util.find_spec("huggingface_hub") is None:
+        raise StorageError(f"{src}: hf:// needs huggingface_hub: pip install 'ovserve[hf]' (the server image has it)")
+    from . import storage_hf as hf
+
+    if sha256 is not None or "#" in src:
+        raise StorageError(f"{src}: is a repository of files; --sha256 checks one file")
+    try:
+        repo_id, revision = hf.parse(src)
+    except ObjectStoreError as exc:
+        raise StorageError(str(exc)) from None
+
+    def fetch(work: Path, tree: Path, limits: Limits) -> None:
+        try:
+            commit, files = hf.listing(repo_id, revision, limits)
+            for _ in hf.download(repo_id, commit, files, work, tree):
+                pass
+        except ObjectStoreError as exc:
+            raise StorageError(f"{src}: {exc}") from None
+        except Exception as exc:  # huggingface_hub's and httpx's, on one line
+            if isinstance(exc, OSError) and not hf.is_library_error(exc):
+                raise  # the disk's (no space, read-only): main() prints those as they are
+            raise StorageError(f"{src}: {hf.describe(exc)}") from None
+        finally:
+            hf.close()
     return fetch
 
 
@@ -367,12 +451,18 @@ def _sha256(text: str) -> str:
     return text.lower()
 
 
+def _plain(text: str) -> str:
+    """The module's reStructuredText as plain words for --help: ``x`` -> x."""
+    return text.replace("``", "")
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("storage-initializer",
                        help="fetch a model into a folder (what the operator's init container runs)",
-                       description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "))
-    p.add_argument("src", help="http(s):// file or archive, s3://bucket/prefix, file:// URI, or local path; a URL "
-                   "naming one file may end in #sha256=HEX (as pip reads it)")
+                       description=_plain(" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " ")))
+    p.add_argument("src", help="http(s):// file or archive, s3://bucket/prefix, gs://bucket/prefix, "
+                   "hf://org/repo[:revision], file:// URI, "
+                   "or local path; a URL naming one file may end in #sha256=HEX (as pip reads it)")
     p.add_argument("dest", type=Path, help="folder to fill, e.g. /mnt/models (created if missing; what it holds "
                    "is kept, same-named files are replaced)")
     p.add_argument("--sha256", type=_sha256, default=None, metavar="HEX",
@@ -381,7 +471,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="most an archive may unpack to (and a download may be), e.g. 20Gi; 0 for no limit "
                    "[default 1Ti]")
     p.add_argument("--max-files", type=_count, default=DEFAULT_MAX_FILES, metavar="N",
-                   help=f"most files an archive or an s3:// prefix may hold; 0 for no limit "
+                   help=f"most files an archive or an object store's prefix may hold; 0 for no limit "
                    f"[default {DEFAULT_MAX_FILES}]")
     p.add_argument("--max-ratio", type=_ratio, default=DEFAULT_MAX_RATIO, metavar="R",
                    help=f"most an archive may unpack to, as a multiple of its own size (archives may always "

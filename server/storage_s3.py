@@ -16,7 +16,6 @@ customer keys), match it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 from collections.abc import Iterator
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .archives import CHUNK, ArchiveError, Limits
+from .archives import Limits
+from .object_store import ObjectStoreError, Tally, file_digest, no_clashes, one_object_fits, relative
 
 #: where KServe's operator puts the endpoint (host[:port], no scheme) and whether to use https ("0": no)
 _FALSE = {"0", "false", "no", "off", "n", "f"}
@@ -35,7 +35,7 @@ MULTIPART_THRESHOLD = 8 << 20
 CONCURRENCY = 4
 
 
-class S3Error(Exception):
+class S3Error(ObjectStoreError):
     """What is wrong with the listing or an object; storage.py names the URI and makes it a StorageError."""
 
 
@@ -109,39 +109,22 @@ def client() -> tuple[Any, bool]:
     return made, anonymous
 
 
-def _relative(key: str, start: int) -> str | None:
-    """The object's path below the prefix; None for a folder marker (``a/b/``); S3Error if it would leave it."""
-    rel = key[start:]
-    if not rel or rel.endswith("/"):
-        return None
-    parts = rel.split("/")
-    if "\x00" in rel or any(p in ("", ".", "..") for p in parts) or PurePosixPath(rel).is_absolute():
-        raise S3Error(f"key {key!r} is not a safe relative path below the prefix (empty, '.' or '..' parts)")
-    return rel
-
-
 def listing(s3: Any, bucket: str, prefix: str, limits: Limits) -> list[S3Object]:
     """What ``s3://bucket/prefix`` names: every object under ``prefix/``, else the object ``prefix`` alone;
     checked against ``limits`` as it is listed (a bucket's root given by mistake stops at the limit)."""
     folder = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
     found: list[S3Object] = []
-    total = 0
+    tally = Tally(limits)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
         for item in page.get("Contents") or []:
             key, size = item["Key"], int(item["Size"])
-            rel = _relative(key, len(folder))
+            rel = relative(key, len(folder))
             if rel is None:
                 if size:
                     raise S3Error(f"key {key!r} is a folder marker with {size} bytes in it")
                 continue
             found.append(S3Object(key, size, str(item.get("ETag", "")), rel))
-            total += size
-            try:
-                limits.count(len(found))
-            except ArchiveError as exc:
-                raise S3Error(f"{exc} under the prefix") from None
-            if limits.max_bytes and total > limits.max_bytes:
-                raise S3Error(f"more than --max-unpacked-bytes {limits.max_bytes} bytes under the prefix")
+            tally.add(size)
     # the object named by the prefix itself: a key sorts before every longer one it begins, so it comes first
     first = ([] if prefix.endswith("/") or not prefix else
              s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("Contents") or [])
@@ -151,30 +134,12 @@ def listing(s3: Any, bucket: str, prefix: str, limits: Limits) -> list[S3Object]
         raise S3Error(f"{prefix!r} is both an object and a folder of {len(found)} objects; name one "
                       f"(s3://{bucket}/{prefix}/ for the folder)")
     if exact is not None:
-        if limits.max_bytes and exact.size > limits.max_bytes:
-            raise S3Error(f"{exact.size} bytes, over --max-unpacked-bytes {limits.max_bytes}")
+        one_object_fits(exact.size, limits)
         return [exact]
     if not found:
         raise S3Error("no such object, and no objects under it")
-    _no_clashes(found)
+    no_clashes((o.path, o.key) for o in found)
     return found
-
-
-def _no_clashes(objects: list[S3Object]) -> None:
-    """No object's path may be another's folder (``a`` and ``a/b``): both cannot be written."""
-    files = {o.path: o.key for o in objects}
-    for o in objects:
-        for parent in PurePosixPath(o.path).parents:
-            if str(parent) in files:
-                raise S3Error(f"key {files[str(parent)]!r} is a file where key {o.key!r} needs a folder")
-
-
-def _md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check(s3: Any, bucket: str, obj: S3Object, path: Path) -> None:
@@ -182,7 +147,7 @@ def _check(s3: Any, bucket: str, obj: S3Object, path: Path) -> None:
     if size != obj.size:
         raise S3Error(f"key {obj.key!r}: {size} bytes arrived, {obj.size} listed")
     plain_md5 = _MD5_ETAG.match(obj.etag)
-    if plain_md5 and (md5 := _md5(path)) != plain_md5.group(1) and not _encrypted(s3, bucket, obj):
+    if plain_md5 and (md5 := file_digest(path, "md5")) != plain_md5.group(1) and not _encrypted(s3, bucket, obj):
         raise S3Error(f"key {obj.key!r}: MD5 {md5} differs from its ETag {plain_md5.group(1)}")
 
 

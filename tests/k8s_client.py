@@ -4,7 +4,9 @@ deployment controller. Independent of the operator's own code."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -250,9 +252,18 @@ def crd(kube: Kube) -> dict:
     return body
 
 
+def namespace_for(test: str) -> str:
+    """A test's name as a namespace's (an RFC 1123 label): lower case, dashes, at most 40 characters; a longer
+    one (or a parametrized one) cut and made unique by a digest of the whole name."""
+    words = re.sub(r"[^a-z0-9]+", "-", test.removeprefix("test_").lower()).strip("-")
+    if len(words) <= 40:
+        return words
+    return words[:31].strip("-") + "-" + hashlib.sha1(test.encode()).hexdigest()[:8]
+
+
 @pytest.fixture
 def ns(kube: Kube, request: pytest.FixtureRequest) -> str:
     """A fresh namespace named after the test."""
-    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].strip("-")
+    name = "t-" + namespace_for(request.node.name)
     kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
     return name

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(600)
 def test_both_configurations_answer_and_the_run_is_written(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.defaults", "--models", "add", "--duration", "1.5", "--warmup", "0.5",
+        [sys.executable, "-m", "bench.defaults", "--models", "add", "--duration", "0.5", "--warmup", "0.2",
          "--concurrency", "1,4", "--repeat", "1", "--wait-quiet", "0", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=540, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(900)
 def test_every_path_answers_and_the_run_is_written(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.photo", "--duration", "1.5", "--warmup", "0.5", "--concurrency", "1,4",
+        [sys.executable, "-m", "bench.photo", "--duration", "0.6", "--warmup", "0.2", "--concurrency", "1,4",
          "--wait-quiet", "0", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=840, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

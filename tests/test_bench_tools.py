@@ -120,6 +120,14 @@ def test_renew_times_a_fresh_infer_request_beside_an_inference_for_every_model_a
     assert all(int(infer) > 0 for *_, infer in rows), out
 
 
+def test_ts_tensors_times_context_model_through_the_arena_and_through_the_socket(tmp_path: Path) -> None:
+    out = _run("bench.ts_tensors", "--configs", "socket,arena", "--sizes", "150000", "--repeat-scale", "0.01",
+               "--out", str(tmp_path))
+    assert re.search(r"^\| 150,000 \| [\d,]+ \([\d,]+\) \| [\d,]+ \([\d,]+\) \|$", out, re.MULTILINE), out
+    [written] = tmp_path.glob("ts-tensors-*.md")
+    assert "| socket median (min) µs | arena median (min) µs |" in written.read_text()
+
+
 def test_loopcost_measures_both_paths_on_the_real_server_and_pairs_their_rounds() -> None:
     # the real model server on this process's loop: the V2 servicer's ModelInfer, then the runtime alone
     out = _run("bench.loopcost", "--model", "resnetish", "--concurrency", "2", "--requests", "60", "--rounds", "2",
@@ -146,3 +154,17 @@ def test_a_served_ratio_just_under_its_goal_is_not_printed_as_the_goal() -> None
     assert lines[1].endswith("= 0.897 x the ceiling, 0.85 x raw alone: not met"), lines
     assert floor.ratio_text(0.904, 0.9) == "0.90" and floor.ratio_text(0.8951, 0.9) == "0.895"
     assert floor.ratio_text(0.88, 0.9) == "0.88"
+
+
+def test_explain_measures_the_mass_on_each_photos_object_for_the_old_and_new_default(tmp_path: Path) -> None:
+    out = _run("bench.explain", "--only", "default", "--repeat", "1", "--out", str(tmp_path))
+    [written] = tmp_path.glob("explain-*.md")
+    assert written.read_text() in out
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in out.splitlines()
+            if line.startswith("| ") and "default" in line}
+    assert list(rows) == ["old default: occlusion 28/28, logit", "default: occlusion 56/28, probability"], out
+    for cells in rows.values():  # chelsea, chelsea-whole, coffee, motorcycle, time, calls
+        assert all(0.0 <= float(c) <= 1.0 for c in cells[:4]) and cells[5].strip(" |") == "3", out
+    old, new = (float(rows[k][0]) for k in rows)
+    assert old < 0.65 <= new, out  # chelsea's face: issue 38's bar, which the old default misses
+

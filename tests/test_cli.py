@@ -122,3 +122,26 @@ def test_a_plugin_config_that_is_not_a_json_object_says_why() -> None:
     assert "_json_object" not in out.stderr
     out = ovserve("serve", "--plugin-config", "[1, 2]")
     assert "is JSON but not an object (list)" in out.stderr
+
+
+def test_help_speaks_plain_words_and_says_what_each_command_does() -> None:
+    """Issue 37, item 9: no reStructuredText in storage-initializer's help; demo says what it writes and that
+    --classifier fetches weights; health --ready says what ready means (the one-way latch, not every model)."""
+    storage = ovserve("storage-initializer", "--help")
+    assert storage.returncode == 0 and "``" not in storage.stdout and "s3://bucket/prefix" in storage.stdout
+    demo = " ".join(ovserve("demo", "--help").stdout.split())
+    assert "add_one and linear" in demo and "fetches from PyPI" in demo, demo
+    top = ovserve("--help")
+    assert "no download)" not in top.stdout and "--classifier adds MobileNetV2" in top.stdout, top.stdout
+    health = " ".join(ovserve("health", "--help").stdout.split())
+    assert "every model loaded" not in health and "initial load has finished" in health, health
+
+
+@pytest.mark.parametrize(("command", "args"), [("serve", ()), ("demo", ("./models",)),
+                                             ("storage-initializer", ("http://x/m.xml", "dest")), ("health", ())])
+def test_an_unknown_flag_is_refused_by_the_command_it_was_given_to(command: str, args: tuple[str, ...]) -> None:
+    """Issue 37, item 9: `ovserve serve --bogus` answers with serve's usage and error, not the top level's."""
+    out = ovserve(command, *args, "--bogus")
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"usage: ovserve {command} "), out.stderr[:200]
+    assert out.stderr.strip().splitlines()[-1] == f"ovserve {command}: error: unrecognized arguments: --bogus"

@@ -56,7 +56,7 @@ def linear_model(batch: int = -1) -> ov.Model:
     return ov.Model([y], [x], "linear")
 
 
-def region_model(nchw: bool = False) -> ov.Model:
+def region_model(nchw: bool = False, probabilities: bool = False) -> ov.Model:
     shape = [-1, 3, SIDE, SIDE] if nchw else [-1, SIDE, SIDE, 3]
     x = ops.parameter(ov.PartialShape(shape), ov.Type.f32, name="image")
     masks = region_masks()
@@ -64,6 +64,8 @@ def region_model(nchw: bool = False) -> ov.Model:
         masks = masks.transpose(0, 3, 1, 2)
     flat = ops.reshape(x, ops.constant(np.array([-1, masks[0].size], dtype=np.int64)), False)
     y = ops.matmul(flat, ops.constant(masks.reshape(2, -1).T.copy()), False, False)
+    if probabilities:  # a model that ends in its own softmax
+        y = ops.softmax(y, 1)
     y.output(0).get_tensor().set_names({"scores"})
     return ov.Model([y], [x], "region")
 
@@ -75,6 +77,7 @@ def predictor(tmp_path_factory) -> Iterator[ServerProcess]:
     models.save(linear_model(1), repo, "linear_fixed")
     models.save(region_model(), repo, "region")
     models.save(region_model(nchw=True), repo, "region_nchw")
+    models.save(region_model(probabilities=True), repo, "region_probs")
     models.save(models.two_in_two_out(), repo, "two")
     server = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT])
     try:
@@ -85,7 +88,7 @@ def predictor(tmp_path_factory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def explainers(predictor) -> Iterator[dict[str, ExplainerProcess]]:
-    names = ["linear", "linear_fixed", "region", "region_nchw", "two"]
+    names = ["linear", "linear_fixed", "region", "region_nchw", "region_probs", "two"]
     started = {n: ExplainerProcess(n, f"127.0.0.1:{predictor.rest_port}") for n in names}
     started["linear@v1"] = ExplainerProcess("linear", f"127.0.0.1:{predictor.rest_port}", "--predictor_protocol", "v1")
     started["linear@grpc-v2"] = ExplainerProcess("linear", f"127.0.0.1:{predictor.grpc_port}",
@@ -107,6 +110,10 @@ def test_health_and_metadata(explainers):
     md = requests.get(url + "/v2/models/linear", timeout=5).json()
     assert md["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 5]}]
     assert requests.get(url + "/v2/models/linear/ready", timeout=5).status_code == 200
+    # its log lines are the explainer's own, not the transformer's it is built on (issue 37, item 13)
+    line = explainers["linear"].wait_log("model 'linear' is ready", timeout=5)
+    assert " ovserve.explainer: predictor " in line, line
+    assert " ovserve.transformer:" not in explainers["linear"].log, explainers["linear"].log[-2000:]
 
 
 X = np.array([[1.0, 2.0, -1.0, 0.5, 3.0], [-2.0, 0.0, 4.0, 1.0, -1.0]], dtype=np.float32)
@@ -184,7 +191,8 @@ def test_image_occlusion_is_exact_and_has_a_heatmap(explainers, model):
     sent = image.transpose(2, 0, 1) if model == "region_nchw" else image
     masks = region_masks()
     r = requests.post(f"{explainers[model].url}/v1/models/{model}:explain",
-                      json={"instances": [sent.tolist()], "parameters": {"patch_size": 4, "target": 1}}, timeout=30)
+                      json={"instances": [sent.tolist()],
+                            "parameters": {"patch_size": 4, "target": 1, "score": "output"}}, timeout=30)
     assert r.status_code == 200, r.text
     e = r.json()["explanations"][0]
     assert e["target"] == 1 and e["score"] == pytest.approx(float((image * masks[1]).sum()), rel=1e-5)
@@ -212,6 +220,22 @@ def test_default_target_is_the_predicted_class_and_png_reply(explainers):
     assert picture.shape == (SIDE, SIDE, 3)
     hot, cold = picture[1, 1].astype(int), picture[10, 10].astype(int)
     assert hot[2] > hot[0] and cold[0] > cold[2]  # red where class 0 looks, blue elsewhere
+
+
+@pytest.mark.parametrize("model,score", [("region", "softmax"), ("region_probs", "output")])
+def test_an_image_explains_a_probability_by_default(explainers, model, score):
+    """Logits go through a softmax; a model's own probabilities are explained as they are (issue 38)."""
+    image = np.full((SIDE, SIDE, 3), 0.5, dtype=np.float32)
+    r = requests.post(f"{explainers[model].url}/v1/models/{model}:explain",
+                      json={"instances": [image.tolist()], "parameters": {"patch_size": 4}}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["parameters"]["score"] == score
+    logits = (image * region_masks()).reshape(2, -1).sum(axis=1)
+    probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    (e,) = body["explanations"]
+    assert e["target"] == int(np.argmax(logits))
+    assert e["score"] == pytest.approx(float(probabilities[e["target"]]), rel=1e-4)
 
 
 def _error(r: requests.Response, status: int, *words: str) -> None:

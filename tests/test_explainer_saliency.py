@@ -23,6 +23,27 @@ def test_windows_cover_every_pixel_and_count_matches(h, w, patch, stride):
     assert len({tuple(r) for r in win}) == len(win)  # no duplicate positions
 
 
+@pytest.mark.parametrize("h,w,expected", [(224, 224, (56, 28)), (300, 451, (75, 37)), (12, 12, (3, 1)), (3, 9, (1, 1))])
+def test_default_geometry_is_a_quarter_of_the_shorter_side_half_overlapping(h, w, expected):
+    assert saliency.default_geometry(h, w) == expected
+
+
+def test_default_geometry_costs_no_more_copies_than_the_one_it_replaced():
+    # 224x224: 7 x 7 = 49 copies, against the 8 x 8 = 64 of the default before issue 38 (28-pixel patches)
+    assert saliency.occlusion_count(224, 224, *saliency.default_geometry(224, 224)) == 49
+    assert saliency.occlusion_count(224, 224, 28, 28) == 64
+
+
+def test_probability_rows_are_told_from_logits():
+    logits = np.array([[2.0, -1.0, 0.5], [0.1, 0.2, 0.3]])
+    assert not saliency.is_probability(logits)
+    assert saliency.is_probability(saliency.softmax(logits))
+    assert saliency.is_probability(saliency.softmax(logits).astype(np.float16))  # within 1e-3
+    assert not saliency.is_probability(np.array([[0.5, 0.4]]))  # in [0, 1] but sums to 0.9
+    assert not saliency.is_probability(np.array([[1.5, -0.5]]))  # sums to 1 but is no distribution
+    assert not saliency.is_probability(np.zeros((0, 3)))
+
+
 def _score(weights: np.ndarray, batch: np.ndarray) -> np.ndarray:
     """A linear 'model' over the whole image."""
     return (batch.astype(np.float64) * weights).reshape(len(batch), -1).sum(axis=1)

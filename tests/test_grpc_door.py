@@ -19,6 +19,7 @@ docs/operations.md "The gRPC door" lists the limits, and what the experimental e
 """
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import statistics
@@ -26,6 +27,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 from urllib.parse import unquote
 
 import grpc
@@ -525,6 +527,59 @@ def test_every_service_refuses_a_malformed_request(server: ServerProcess, servic
     assert _answer(server, fields, body, port).get("grpc-status") == "0"
     got = _answer(server, [*fields, ("transfer-encoding", "chunked")], body, port)
     assert got.get("grpc-status") == "3" and "transfer-encoding" in unquote(got.get("grpc-message", "")), got
+
+
+def _malformed_counted(server: ServerProcess) -> dict[tuple[str, str], float]:
+    """ovserve_requests_malformed_total by (listener, reason)."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("ovserve_requests_malformed_total{"):
+            labels, _, value = line.rpartition(" ")
+            listener = labels.split('listener="')[1].split('"')[0]
+            reason = labels.split('reason="')[1].split('"')[0]
+            counts[(listener, reason)] = float(value)
+    return counts
+
+
+def test_a_refused_call_is_counted_and_logged(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A call refused at the door is in the metrics (ovserve_requests_malformed_total, by listener and reason)
+    and, with --access-log, in the access log as any call is: its method and status, no model, the client's
+    request id (also in the trailing metadata)."""
+    repo = tmp_path_factory.mktemp("counted")
+    models.save(models.add_one(), repo, "add")
+    access = repo.parent / "access.log"
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--metrics-enable",
+                          "--access-log", str(access), "--ts-inference-port", "0"])
+    try:
+        proc.wait_ready()
+        assert _malformed_counted(proc) == {(name, reason): 0 for name in ("grpc", "ts-inference")
+                                             for reason in ("malformed", "metadata_too_large")}
+        got = _answer(proc, [*HEADERS, ("x-request-id", "door-1"), ("upgrade", "h2c")], _message(_request()))
+        assert got.get("grpc-status") == "3" and got.get("x-request-id") == "door-1", got
+        got = _answer(proc, [*HEADERS, ("x-big", "a" * (20 << 10))], _message(_request()), frame_bytes=16000)
+        assert got.get("grpc-status") == "8", got
+        ts = [(k, "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping" if k == ":path" else v)
+              for k, v in HEADERS]
+        assert _answer(proc, [*ts, ("connection", "close")], b"\x00\x00\x00\x00\x00",
+                       proc.ports["ts-inference"]).get("grpc-status") == "3"
+        counted = _malformed_counted(proc)
+        assert counted[("grpc", "malformed")] == 1 and counted[("grpc", "metadata_too_large")] == 1, counted
+        assert counted[("ts-inference", "malformed")] == 1, counted
+        def grpc_lines() -> list[dict[str, Any]]:
+            return [line for line in map(json.loads, access.read_text().splitlines()) if line["listener"] != "rest"]
+
+        deadline = time.monotonic() + 10  # lines are written once per turn of the server's loop
+        while time.monotonic() < deadline and len(grpc_lines()) < 3:
+            time.sleep(0.05)
+        lines = grpc_lines()
+        refused = {(line["listener"], line["method"], line["status"]) for line in lines}
+        assert refused == {("grpc", "ModelInfer", "INVALID_ARGUMENT"), ("grpc", "ModelInfer", "RESOURCE_EXHAUSTED"),
+                           ("ts-inference", "Ping", "INVALID_ARGUMENT")}, lines
+        first = next(line for line in lines if line["status"] == "INVALID_ARGUMENT" and line["listener"] == "grpc")
+        assert first["request_id"] == "door-1" and first["model"] == "" and first["client"].startswith("127.0.0.1:")
+    finally:
+        proc.stop()
 
 
 def test_the_server_log_is_free_of_tracebacks(server: ServerProcess) -> None:

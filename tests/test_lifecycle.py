@@ -170,6 +170,8 @@ def test_single_model_mode(tmp_path: Path, start_server) -> None:
     assert delta(server, "resnet") == 2
     assert metadata_versions(server, "resnet") == ["2"]
     assert requests.get(server.url + "/v2/models", timeout=10).json() == {"models": ["resnet"]}
+    # the log says where the models come from in the flags' words (issue 37, item 13)
+    assert f"loading models from --model-path {tmp_path / 'whatever'} (model resnet)" in server.log, server.log
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -66,9 +66,11 @@ def needs(requirements: list[str], extras: set[str] = frozenset()) -> list[Requi
 #: lock -> what pyproject.toml asks the image to install (scripts/lock.sh's inputs)
 INPUTS = {
     # the experimental native gRPC engine (the grpc-native extra) is not in the image (issue 33)
-    # with the s3 extra: the storage initializer runs from the server image (s3:// needs boto3)
+    # with the s3, gcs and hf extras: the storage initializer runs from the server image (s3:// needs boto3,
+    # gs:// google-cloud-storage, hf:// huggingface_hub)
     "server": needs(PYPROJECT["project"]["dependencies"]) + needs(CLIENT["project"]["dependencies"])
-    + needs(PYPROJECT["project"]["optional-dependencies"]["s3"], {"s3"}),
+    + [r for extra in ("s3", "gcs", "hf")
+       for r in needs(PYPROJECT["project"]["optional-dependencies"][extra], {extra})],
     "operator": needs(PYPROJECT["project"]["optional-dependencies"]["operator"]),
     "build": needs(PYPROJECT["build-system"]["requires"]),
     "sbom": needs(["cyclonedx-bom>=7.5"]),  # scripts/lock.sh's own input: the builder's SBOM generator

@@ -222,6 +222,34 @@ def test_s3_credentials_come_from_the_service_account_secrets(kube: Kube, operat
     wait_condition(kube, ns, "resnet", "Ready", "Unknown")
 
 
+def test_a_gcs_key_and_a_hub_token_come_from_the_service_account_secrets(kube: Kube, operator: Operator,
+                                                                         ns: str) -> None:
+    """KServe's GCS Secret (the key file) and a token Secret: the API server takes the pod with the Secret
+    volume mounted on the storage initializer alone."""
+    kube.create(f"/api/v1/namespaces/{ns}/secrets", {
+        "metadata": {"name": "gcscreds"}, "type": "Opaque",
+        "stringData": {"gcloud-application-credentials.json": '{"type": "service_account"}'}})
+    kube.create(f"/api/v1/namespaces/{ns}/secrets", {
+        "metadata": {"name": "hf-secret"}, "type": "Opaque", "stringData": {"HF_TOKEN": "hf_xxxx"}})
+    kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts",
+                {"metadata": {"name": "gsa"}, "secrets": [{"name": "gcscreds"}, {"name": "hf-secret"}]})
+    body = example("predictor", ns)
+    body["metadata"]["name"] = "gresnet"
+    body["spec"]["predictor"]["serviceAccountName"] = "gsa"
+    body["spec"]["predictor"]["model"]["storageUri"] = "gs://models/resnet"
+    kube.create(isvc_path(ns), body)
+    pod = eventually(lambda: kube.get(deploy_path(ns, "gresnet-predictor")),
+                     what="predictor")["spec"]["template"]["spec"]
+    init = pod["initContainers"][0]
+    assert init["command"] == ["ovserve", "storage-initializer", "gs://models/resnet", "/mnt/models"]
+    assert init["env"] == [
+        {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/var/secrets/gcloud-application-credentials.json"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-secret", "key": "HF_TOKEN"}}}]
+    assert {"name": "user-gcp-sa", "mountPath": "/var/secrets/", "readOnly": True} in init["volumeMounts"]
+    assert {"name": "user-gcp-sa", "secret": {"secretName": "gcscreds", "defaultMode": 420}} in pod["volumes"]
+    assert "user-gcp-sa" not in str(pod["containers"])
+
+
 def test_invalid_specs_are_refused_with_a_condition(kube: Kube, operator: Operator, ns: str) -> None:
     bad_format = example("predictor", ns)
     bad_format["metadata"]["name"] = "wrong-format"
@@ -297,6 +325,19 @@ def test_deleted_child_is_recreated(kube: Kube, operator: Operator, ns: str) -> 
     new = eventually(lambda: (d := kube.get(deploy_path(ns, "resnet-predictor"))) and
                      d["metadata"]["uid"] != old["metadata"]["uid"] and d, what="Deployment recreated")
     assert new["spec"]["template"] == old["spec"]["template"]
+
+
+@pytest.mark.parametrize("name", ["resnet-predictor", "resnet"], ids=["component", "entry"])
+def test_deleted_service_made_again(kube: Kube, operator: Operator, ns: str, name: str) -> None:
+    """The operator watches its Services as it watches its Deployments: a deleted one (the component's, or the
+    InferenceService's own entry Service) is made again within seconds, not at the next resync (a minute)."""
+    kube.create(isvc_path(ns), example("predictor", ns))
+    old = eventually(lambda: kube.get(svc_path(ns, name)), what="Service")
+    time.sleep(0.5)  # past the create's own events
+    kube.delete(svc_path(ns, name))
+    new = eventually(lambda: (s := kube.get(svc_path(ns, name))) and s["metadata"]["uid"] != old["metadata"]["uid"]
+                     and s, timeout=15, what="Service made again")
+    assert new["spec"]["ports"] == old["spec"]["ports"] and new["spec"]["selector"] == old["spec"]["selector"]
 
 
 def test_delete_collects_every_child(kube: Kube, operator: Operator, ns: str) -> None:

@@ -333,6 +333,9 @@ def test_examples_are_valid(stem: str) -> None:
     ("pvc://store", StoragePlan("pvc", "store", "")),
     ("https://h/m.tgz", StoragePlan("http", "https://h/m.tgz")),
     ("s3://bucket/models/m", StoragePlan("s3", "s3://bucket/models/m")),
+    ("gs://bucket/models/m", StoragePlan("gcs", "gs://bucket/models/m")),
+    ("hf://OpenVINO/resnet-ov", StoragePlan("hf", "hf://OpenVINO/resnet-ov")),
+    ("hf://OpenVINO/resnet-ov:v1.0", StoragePlan("hf", "hf://OpenVINO/resnet-ov:v1.0")),
     ("file:///srv/m/", StoragePlan("host", "/srv/m")),
     ("/srv/m", StoragePlan("host", "/srv/m")),
 ])
@@ -340,7 +343,9 @@ def test_storage_plans(uri: str, expected: StoragePlan) -> None:
     assert plan(uri) == expected
 
 
-@pytest.mark.parametrize("uri,why", [("gs://b/m", "not supported"), ("s3:///m", "needs a bucket"),
+@pytest.mark.parametrize("uri,why", [("azure://b/m", "not supported"), ("s3:///m", "needs a bucket"),
+                                     ("gs:///m", "needs a bucket"), ("hf://OpenVINO", "names a model repository"),
+                                     ("hf://OpenVINO/resnet/1", "names a model repository"),
                                      ("pvc://Bad_Name/x", "claim name"),
                                      ("http:///m", "no host"), ("file://host/m", "file:///absolute"),
                                      ("/", "root folder"), ("relative/path", "unknown scheme")])

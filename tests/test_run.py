@@ -161,6 +161,33 @@ def test_http_storage_through_the_real_initializer(name: str, model_site: str, f
     assert code == 0, run.output
 
 
+def test_hf_storage_with_the_users_environment(ir: dict[str, bytes], files: Path, tmp_path: Path) -> None:
+    """``hf://`` from a replay of the hub's answers (tests/hf_hub.py) with the user's HF_ENDPOINT and HF_TOKEN:
+    a private repository holding the IR beside the README.md and .gitattributes every hub repository has."""
+    pytest.importorskip("huggingface_hub")
+    from . import hf_hub
+
+    commit = "5d0e" + "c" * 36
+    contents = {**{name: (data, name.endswith(".bin")) for name, data in ir.items()},
+                ".gitattributes": (b"*.bin filter=lfs diff=lfs merge=lfs -text\n", False),
+                "README.md": (b"# add-one\n", False)}
+    for hub in hf_hub.serve({"OpenVINO/add-one-ov": hf_hub.Repo({"main": commit}, {commit: contents}, private=True)}):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=hub.url, HF_TOKEN=hf_hub.TOKEN, HF_HOME=str(tmp_path / "hf-home"))
+        run = OvserveRun(example("demo-add.yaml", files, "hf://OpenVINO/add-one-ov"), env=env)
+        try:
+            run.wait_ready()
+            x = list(range(16))
+            r = requests.post(f"http://{run.rest()}/v2/models/add-one/infer", timeout=10, json={
+                "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x}]})
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["data"] == [v + 1 for v in x]
+            assert any("hf://OpenVINO/add-one-ov -> " in line for line in run.lines), run.output
+        finally:
+            code, _ = run.stop()
+        assert code == 0, run.output
+
+
 def test_s3_storage_with_the_users_environment(s3: S3, files: Path) -> None:
     """No cluster, no ServiceAccount: the storage initializer of ``ovserve run`` reads the user's AWS_* variables
     (moto's S3 server, signature v4 on: tests/s3_store.py)."""

@@ -152,15 +152,21 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         conn.request(self.command, "/" + path, body=body or None, headers=headers)
         reply = conn.getresponse()
         data = reply.read()
-        if self.corrupt and self.command == "GET" and "list-type" not in path and data:
+        if self.corrupt and self.command == "GET" and self.damages(path) and data:
             data = bytes([data[0] ^ 1]) + data[1:]
         self.send_response(reply.status)
         for k, v in reply.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
                 self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
+        # a HEAD's length is the one the upstream announced (its body is never sent)
+        self.send_header("Content-Length", reply.getheader("Content-Length") or "0" if self.command == "HEAD"
+                         else str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def damages(self, path: str) -> bool:
+        """Whether the body of a GET of ``path`` is an object's bytes (one to damage), not a listing."""
+        return "list-type" not in path
 
     do_GET = do_HEAD = do_PUT = do_POST = _forward
 

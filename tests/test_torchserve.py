@@ -266,6 +266,8 @@ def _registered_fn_serves_both_apis(server: ServerProcess, inference: Any, manag
     (described,) = json.loads(management.DescribeModel(management_pb2.DescribeModelRequest(model_name="fn")).msg)
     assert described["modelVersion"] == "1.0" and len(described["workers"]) == 1
     assert described["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 16]}]
+    # the log says the version by the name it was registered under, as every answer does (issue 37, item 13)
+    assert "model fn version 1.0: AVAILABLE" in server.wait_log("model fn version 1.0: AVAILABLE", timeout=5)
     got, details = code_of(lambda: register(management, "fn.mar"))
     assert got is grpc.StatusCode.ALREADY_EXISTS and "1.0" in details  # TorchServe: UNKNOWN, no details
     assert management.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="fn")).msg == \

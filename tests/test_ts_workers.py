@@ -8,16 +8,22 @@ server answers every other model and the same model's next worker serves.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import hashlib
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as tgrpc
 from google.protobuf import empty_pb2
 
 from .mar import build_mar, stage_add_model, write_model_config
@@ -70,6 +76,51 @@ HANDLERS = {
                 out.append(json.dumps({"pid": os.getpid(), "y0": float(y[0, 0])}))
             return out
     ''',
+    # a large tensor through context.model (issue 34: shared memory); or a forged place; or calls until killed
+    "tensors.py": '''
+        import hashlib
+        import json
+        import os
+
+        import numpy as np
+
+        def in_arena(array):
+            """Whether the array's memory is the worker's shared-memory arena (its mapping in /proc/self/maps)."""
+            at = array.ctypes.data
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    if "ovserve-ts-arena" in line:
+                        lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+                        if lo <= at < hi:
+                            return True
+            return False
+
+        def digest(array):
+            return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+        def handle(data, context):
+            if data is None:
+                return None
+            out = []
+            for item in data:
+                ask = json.loads(item["data"])
+                if "forge" in ask:  # a hostile worker: names a place of its own choosing, past the socket's checks
+                    conn = context.model._conn
+                    place = [conn.arena.half if ask["forge"] == "half" else ask["forge"], 64]
+                    answer, _ = conn.call({"op": "infer", "outputs": [], "inputs": [
+                        {"name": "x", "dtype": "<f4", "shape": [1, 16], "shm": place}]}, [])
+                    out.append(json.dumps(answer))
+                    continue
+                x = np.random.default_rng(ask["seed"]).standard_normal((ask["rows"], 16), dtype=np.float32)
+                if ask.get("spin"):
+                    while True:
+                        context.model.infer({"x": x})
+                first = context.model.infer({"x": x})["y"]
+                second = context.model.infer({"x": x * 2})["y"]  # the first stays valid past the next call
+                out.append(json.dumps({"first": digest(first), "second": digest(second), "pid": os.getpid(),
+                                       "in_arena": in_arena(first) and in_arena(second)}))
+            return out
+    ''',
     "init_fails.py": '''
         class Broken:
             def initialize(self, context):
@@ -92,6 +143,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_mar(out, "steady", "1.0", xml, [bin_], handler=built / "fragile.py",
               config_file=write_model_config(built / "steady", min_workers=1, max_workers=1))
     build_mar(out, "broken", "1.0", xml, [bin_], handler=built / "init_fails.py")
+    build_mar(out, "tensors", "1.0", xml, [bin_], handler=built / "tensors.py",
+              config_file=write_model_config(built / "tensors", min_workers=1, max_workers=1))
     return out
 
 
@@ -104,7 +157,7 @@ def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
 @pytest.fixture(scope="module")
 def both(server: ServerProcess) -> Iterator[tuple[Any, Any]]:
     with stubs(server) as (inference, management):
-        for name in ("fragile", "steady"):
+        for name in ("fragile", "steady", "tensors"):
             register(management, f"{name}.mar")
         yield inference, management
 
@@ -284,3 +337,81 @@ def test_a_registered_model_loads_with_the_servers_model_flags(store: Path,
         text = requests.get(f"{proc.url}/metrics", timeout=10).text
     line = next(x for x in text.splitlines() if x.startswith("ovms_infer_req_queue_size{") and "steady" in x)
     assert line.endswith(" 3"), line
+
+
+# -- context.model's large tensors: the shared-memory arena -----------------------------------------------
+ROWS = 1 << 16  # [65536, 16] FP32: 4 MiB each way, well past the arena's threshold
+
+
+def _tensors(inference: Any, **ask: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(predict(inference, "tensors", json.dumps(ask).encode()))
+    return doc
+
+
+def _reference(server: ServerProcess, x: np.ndarray) -> str:
+    """The same inference without any worker: KServe V2 gRPC on the repository's ``add`` model."""
+    client = tgrpc.InferenceServerClient(server.grpc_target)
+    try:
+        tensor = tgrpc.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        y = client.infer("add", [tensor], client_timeout=60).as_numpy("y")
+    finally:
+        client.close()
+    return hashlib.sha256(np.ascontiguousarray(y).tobytes()).hexdigest()
+
+
+def _arenas(pid: int) -> set[str]:
+    """The arenas process ``pid`` maps or holds open (their memfd names)."""
+    names = set()
+    with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as f:
+        names |= {line.split("memfd:")[1].split()[0] for line in f if "memfd:ovserve-ts-arena" in line}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if "memfd:ovserve-ts-arena" in link:
+                names.add(link.split("memfd:")[1].split()[0])
+    return names
+
+
+def test_a_large_tensor_crosses_in_shared_memory_and_answers_as_without_the_worker(
+        server: ServerProcess, inference: Any) -> None:
+    doc = _tensors(inference, seed=34, rows=ROWS)
+    x = np.random.default_rng(34).standard_normal((ROWS, 16), dtype=np.float32)
+    assert doc["first"] == _reference(server, x)
+    assert doc["second"] == _reference(server, x * 2)
+    assert doc["in_arena"]  # the outputs the handler got are the arena's pages, not a copy off the socket
+    assert _arenas(doc["pid"]) and _arenas(doc["pid"]) <= _arenas(server.pid)
+
+
+@pytest.mark.parametrize("forge", ["half", 1 << 40])
+def test_a_worker_naming_a_place_outside_its_arena_is_refused_and_replaced(
+        server: ServerProcess, inference: Any, management: Any, forge: Any) -> None:
+    before = _tensors(inference, seed=1, rows=ROWS)["pid"]
+    code, details = fails(lambda: _tensors(inference, forge=forge))
+    assert code is grpc.StatusCode.INTERNAL
+    assert "broke the worker protocol" in details and "is not within its arena" in details, details
+    assert gone(before)
+    everything_else_serves(server, inference)
+    doc = _tensors(inference, seed=2, rows=ROWS)
+    assert doc["pid"] != before and doc["in_arena"]
+
+
+def test_a_worker_killed_mid_call_frees_its_arena(server: ServerProcess, inference: Any, management: Any) -> None:
+    shm_before = set(os.listdir("/dev/shm"))
+    pid = _tensors(inference, seed=3, rows=ROWS)["pid"]
+    arena = _arenas(pid)
+    assert len(arena) == 1 and arena <= _arenas(server.pid)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        call = pool.submit(fails, lambda: _tensors(inference, seed=4, rows=ROWS, spin=True))
+        time.sleep(0.5)  # the handler is calling context.model again and again
+        os.kill(pid, signal.SIGKILL)
+        code, details = call.result(timeout=60)
+    assert code is grpc.StatusCode.INTERNAL and "killed by signal 9" in details, details
+    end = time.monotonic() + 10
+    while arena & _arenas(server.pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not arena & _arenas(server.pid)  # unmapped and closed: its memory is the kernel's again
+    assert set(os.listdir("/dev/shm")) <= shm_before  # and nothing was ever a file there
+    doc = _tensors(inference, seed=5, rows=ROWS)
+    assert doc["pid"] != pid and doc["in_arena"]
+    everything_else_serves(server, inference)

@@ -28,7 +28,7 @@ MODULE_TIERS: dict[str, str] = {
         "test_dockerfiles", "test_healthcheck", "test_explainer", "test_explainer_cat", "test_faults",
         "test_grpc_engines", "test_grpc_loop",
         "test_images_server", "test_kserve_sdk", "test_lifecycle", "test_smoke", "test_statistics",
-        "test_storage_initializer", "test_storage_s3",
+        "test_storage_initializer", "test_storage_s3", "test_storage_gcs", "test_storage_hf",
         "test_docs", "test_source_install",
         "test_tracing", "test_transformer", "test_tls", "test_transformer_imagenet", "test_transformer_tls", "test_v1", "test_zoo_mobilenet",
         "test_zoo_pth",

@@ -34,16 +34,16 @@ def main() -> int:
     cli.add_argument("--url", default="http://localhost:8090", help="the explainer")
     cli.add_argument("--model", default="mobilenet_v2")
     cli.add_argument("--out", default="heatmap.png", help="where to write the heatmap PNG")
-    cli.add_argument("--patch-size", type=int, default=32)
-    cli.add_argument("--stride", type=int, default=16)
+    cli.add_argument("--patch-size", type=int, help="occlusion patch side (default: the explainer's, H // 4)")
+    cli.add_argument("--stride", type=int, help="step between patches (default: the explainer's)")
     args = cli.parse_args()
 
     meta = requests.get(f"{args.url}/v2/models/{args.model}", timeout=30)
     meta.raise_for_status()
     _, height, width, _ = meta.json()["inputs"][0]["shape"]  # NHWC, e.g. [-1, 224, 224, 3]
     image = cv2.resize(load(args.image), (width, height), interpolation=cv2.INTER_LINEAR)
-    body = {"instances": [image.tolist()],
-            "parameters": {"patch_size": args.patch_size, "stride": args.stride, "score": "softmax"}}
+    geometry = {"patch_size": args.patch_size, "stride": args.stride}
+    body = {"instances": [image.tolist()], "parameters": {k: v for k, v in geometry.items() if v is not None}}
     r = requests.post(f"{args.url}/v1/models/{args.model}:explain", json=body, timeout=300)
     if r.status_code != 200:
         sys.exit(f"{r.status_code}: {r.json().get('error', r.text)}")

@@ -68,9 +68,10 @@ class Options:
 
     target: int | None = None  # class index to explain; default: the class the unperturbed input predicts
     output: str | None = None  # output tensor to score; default: the model's first numeric output
-    score: str = "output"  # "output" (the raw value) or "softmax" (of the output row)
-    patch_size: int | None = None  # occlusion patch side; default: min(H, W) // 8
-    stride: int | None = None  # step between patches; default: patch_size
+    score: str | None = None  # "output" (the raw value) or "softmax" (of the output row); default: softmax for
+    # images scored over several classes that are not probabilities already, else output
+    patch_size: int | None = None  # occlusion patch side; default: min(H, W) // 4
+    stride: int | None = None  # step between patches; default: patch_size if given, else half the default patch
     baseline: Any = 0.0  # a number, "mean" (images: per-channel mean) or one value per feature (tabular)
     batch_size: int = 32  # perturbed copies per predictor call (dynamic batch dimension)
     max_calls: int = 64  # predictor calls per explanation, the unperturbed one included
@@ -191,6 +192,7 @@ class Explainer(TransformerDataPlane):
 
     #: the predictor's inputs, exactly: explanations perturb what the predictor takes
     exact_inputs = True
+    log = log
 
     def __init__(self, model_name: str, client: PredictorClient, *, timeout: float = 60.0, concurrency: int = 2,
                  poll_interval: float = 1.0) -> None:
@@ -245,15 +247,23 @@ class Explainer(TransformerDataPlane):
                 f"or use a larger patch_size or stride")
         calls.planned = planned
 
-        async def score(batch: np.ndarray) -> np.ndarray:
-            rows = await self._score(inp, output, batch, fixed, opts)
+        async def predict(batch: np.ndarray) -> np.ndarray:
+            rows = await self._score(inp, output, batch, fixed)
             calls.done += 1
             return rows
 
-        base = np.concatenate(await _bounded(
-            [_later(score, _rows(inp.tensor.data, a, a + chunk)) for a in range(0, n, chunk)], self.concurrency))
+        async def score(batch: np.ndarray) -> np.ndarray:
+            rows = await predict(batch)
+            return saliency.softmax(rows) if opts.score == "softmax" else rows
+
+        raw = np.concatenate(await _bounded(
+            [_later(predict, _rows(inp.tensor.data, a, a + chunk)) for a in range(0, n, chunk)], self.concurrency))
+        width = raw.shape[1]
+        if opts.score is None:  # explain a probability (issue 38): the model's own, or the softmax of its logits
+            logits = inp.kind == "image" and width > 1 and not saliency.is_probability(raw)
+            opts.score = "softmax" if logits else "output"
+        base = saliency.softmax(raw) if opts.score == "softmax" else raw
         targets = [opts.target if opts.target is not None else int(np.argmax(row)) for row in base]
-        width = base.shape[1]
         if any(t >= width for t in targets):
             raise InvalidInput(f"parameter 'target' is {opts.target} but output {output!r} has {width} classes")
         maps, pictures = [], []
@@ -287,14 +297,17 @@ class Explainer(TransformerDataPlane):
         h, w = x.shape[:2]
         if isinstance(opts.baseline, list):
             raise InvalidInput("parameter 'baseline' for an image is a number or \"mean\", not a list")
-        patch = opts.patch_size or max(1, min(h, w) // 8)
-        opts.patch_size, opts.stride = patch, opts.stride or patch
+        if opts.patch_size is None:
+            opts.patch_size, half = saliency.default_geometry(h, w)
+            opts.stride = opts.stride or half
+        patch = opts.patch_size
+        opts.stride = opts.stride or patch
         if patch > max(h, w):
             raise InvalidInput(f"parameter 'patch_size' is {patch} but the image is only {h}x{w}")
         return saliency.occlusion(x, patch, opts.stride, opts.baseline)
 
-    async def _score(self, inp: _Input, output: str, batch: np.ndarray, fixed: int | None, opts: Options) -> np.ndarray:
-        """Scores ``[len(batch), C]`` of ``output`` for a batch of inputs, in one predictor call."""
+    async def _score(self, inp: _Input, output: str, batch: np.ndarray, fixed: int | None) -> np.ndarray:
+        """The raw values ``[len(batch), C]`` of ``output`` for a batch of inputs, in one predictor call."""
         n = len(batch)
         if fixed and n < fixed:  # a fixed batch dimension: pad with copies of the last item
             batch = np.concatenate([batch, np.repeat(batch[-1:], fixed - n, axis=0)])
@@ -308,8 +321,8 @@ class Explainer(TransformerDataPlane):
         data = np.asarray(found[0].data)
         if data.dtype == object or data.size % max(len(batch), 1):
             raise InternalError(f"output {output!r} is not a numeric tensor with one row per input")
-        rows = data.reshape(len(batch), -1).astype(np.float64)[:n]
-        return saliency.softmax(rows) if opts.score == "softmax" else rows
+        rows: np.ndarray = data.reshape(len(batch), -1).astype(np.float64)[:n]
+        return rows
 
 
 def _rows(data: np.ndarray, start: int, stop: int) -> Callable[[], np.ndarray]:

@@ -179,6 +179,8 @@ class TransformerDataPlane(DataPlane):
 
     #: the predictor's inputs are only hints: the handler may take other inputs and make them
     exact_inputs = False
+    #: the component's own logger (the explainer, built on this class, logs as ovserve.explainer)
+    log = log
 
     def __init__(self, model_name: str, handler: Transformer, predictor: Any, *, health_check: bool = False,
                  poll_interval: float = 1.0) -> None:
@@ -218,12 +220,12 @@ class TransformerDataPlane(DataPlane):
             try:
                 await self.poll_once()
             except Exception:  # pragma: no cover - never let the watch die
-                log.exception("predictor watch failed")
+                self.log.exception("predictor watch failed")
 
     async def poll_once(self) -> None:
         ready = await self.predictor.ready(self.model_name)
         if ready != self.predictor_ready:
-            log.info("predictor %s model %r is %s", self.predictor.target, self.model_name,
+            self.log.info("predictor %s model %r is %s", self.predictor.target, self.model_name,
                      "ready" if ready else "not ready")
         self.predictor_ready = ready
         if ready and (self._metadata is None or time.monotonic() - self._metadata_at > 10):
@@ -317,7 +319,7 @@ class TransformerDataPlane(DataPlane):
         except ServerError:
             raise  # the handler's own choice of error, or the predictor's (marked "predictor: ")
         except Exception as exc:
-            log.exception("handler %s.%s failed", self.handler_name, stage)
+            self.log.exception("handler %s.%s failed", self.handler_name, stage)
             raise HandlerError(f"transformer handler {self.handler_name}.{stage} failed: "
                                f"{type(exc).__name__}: {exc}") from None
         return out

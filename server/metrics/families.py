@@ -71,6 +71,9 @@ SPECS: tuple[Spec, ...] = (
          VERSION_LABELS, bounds=SECONDS_BOUNDS),
     Spec("ovserve_requests_shed_total", "counter",
          "Requests refused at once (429 / RESOURCE_EXHAUSTED) because the model's queue was full.", VERSION_LABELS),
+    Spec("ovserve_requests_malformed_total", "counter",
+         "gRPC calls refused before any handler ran: malformed header fields (reason malformed, INVALID_ARGUMENT) "
+         "or metadata past the limit (reason metadata_too_large, RESOURCE_EXHAUSTED).", ("listener", "reason")),
 )
 BY_NAME = {s.name: s for s in SPECS}
 DEFAULT = tuple(s.name for s in SPECS if s.default)

@@ -251,7 +251,7 @@ class SingleModelSource:
         self.options = options or LoadOptions()
 
     def describe(self) -> str:
-        return f"model {self.name} at {self.path}"
+        return f"--model-path {self.path} (model {self.name})"
 
     def desired(self) -> list[ModelConfig]:
         return [ModelConfig(self.name, self.path, options=self.options, raw=self.name)]

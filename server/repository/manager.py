@@ -65,6 +65,13 @@ class ModelVersion:
     observer: Callable[[ModelVersion], None] | None = None
     #: served by its TorchServe handler alone: AVAILABLE with no OpenVINO model (``model`` stays None)
     handler_only: bool = False
+    #: the name it goes by where that is not its number: the label it was registered under ("1.0")
+    label: str = ""
+
+    @property
+    def said(self) -> str:
+        """The version as logs and errors say it: its label, else its number."""
+        return self.label or str(self.version)
 
     @property
     def failed(self) -> bool:
@@ -74,9 +81,9 @@ class ModelVersion:
     def set_state(self, state: State, code: str = "OK", message: str = "") -> None:
         self.status = Status(state, code, message)
         if code == "OK":
-            log.info("model %s version %d: %s", self.name, self.version, state.value)
+            log.info("model %s version %s: %s", self.name, self.said, state.value)
         else:
-            log.error("model %s version %d: %s (%s: %s)", self.name, self.version, state.value, code, message)
+            log.error("model %s version %s: %s (%s: %s)", self.name, self.said, state.value, code, message)
         if self.observer is not None:
             self.observer(self)
 
@@ -247,7 +254,8 @@ class ModelManager:
                 # failure waits for a change; a version retired normally (END, OK) loads again
                 # whenever the policy wants it back, even from files restored with their old mtimes.
                 continue
-            mv = ModelVersion(cfg.name, v, cfg, fingerprint=fp, observer=self._state_changed)
+            mv = ModelVersion(cfg.name, v, cfg, fingerprint=fp, observer=self._state_changed,
+                              label=self.labels.get(cfg.name, {}).get(v, ""))
             mv.set_state(State.START)
             served.versions[v] = mv
             loads.append(self._load(mv))
@@ -278,8 +286,8 @@ class ModelManager:
         if mv.version in self.handler_only.get(mv.name, ()):
             mv.handler_only = True
             mv.set_state(State.AVAILABLE)
-            log.info("model %s version %d: served by its TorchServe handler alone (no OpenVINO model)",
-                     mv.name, mv.version)
+            log.info("model %s version %s: served by its TorchServe handler alone (no OpenVINO model)",
+                     mv.name, mv.said)
             return
         loop = asyncio.get_running_loop()
         try:
@@ -298,8 +306,8 @@ class ModelManager:
         mv.model = model
         mv.set_state(State.AVAILABLE)
         log.info(
-            "model %s version %d: %s on %s, inputs (%s), outputs (%s), %d infer requests",
-            mv.name, mv.version, path.name, mv.config.options.device,
+            "model %s version %s: %s on %s, inputs (%s), outputs (%s), %d infer requests",
+            mv.name, mv.said, path.name, mv.config.options.device,
             ", ".join(_describe(p) for p in model.inputs),
             ", ".join(_describe(p) for p in model.outputs),
             model.nireq,

@@ -12,7 +12,9 @@ runs code in the server).
 The worker's ``context.model`` calls come back over the same socket and run through the
 server's own inference path (:class:`~.model.HandlerModel`: its checks, image decoding,
 dynamic batching and infer requests), each as a task of its own, so a handler's
-threads may call at once.
+threads may call at once. Their large tensors cross in the worker's shared-memory
+arena (:mod:`.arena`, ``--ts-worker-arena-mib``), made here for each worker that has a
+model and closed when it ends; a worker that names a place outside it is killed.
 
 A worker that ends (its exit code or signal is the reason given) fails the batch it
 had with :class:`~.runners.WorkerLost`; one that breaks the protocol is killed. A
@@ -34,6 +36,7 @@ from typing import Any
 from ..errors import FailedPrecondition, InternalError, InvalidInput, ServerError, Unavailable
 from ..types import PortInfo
 from . import wire
+from .arena import Arena, ArenaError
 from .model import HandlerModel
 from .results import failure, failure_doc, status_error
 from .runners import Job, Value, WorkerLost
@@ -72,7 +75,7 @@ class ProcessRunner:
     """One worker process: one handler instance, one batch at a time."""
 
     def __init__(self, where: str, worker: int, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, model: HandlerModel | None) -> None:
+                 writer: asyncio.StreamWriter, model: HandlerModel | None, arena: Arena | None = None) -> None:
         self.where = where
         self.worker = worker
         self.pid = proc.pid
@@ -80,56 +83,75 @@ class ProcessRunner:
         self._reader = reader
         self._writer = writer
         self._model = model
+        self._arena = arena  # the large tensors of its context.model calls (None: all on the socket)
         self._jobs: dict[str, Job] = {}
         self._reply: asyncio.Future[tuple[wire.Header, wire.Parts]] | None = None
         self._calls: set[asyncio.Task[None]] = set()
         self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._stopping = ""  # why the server ends it, once it does
+        self._broke = ""  # how it broke the protocol, once it did (the server kills it for that)
         self._dispatcher: asyncio.Task[None] | None = None
 
     # -- starting -------------------------------------------------------------------
     @classmethod
     async def start(cls, where: str, worker: int, settings: Mapping[str, Any], model: HandlerModel | None,
-                    startup_timeout_s: float) -> ProcessRunner:
-        """A worker process with its handler initialised; InvalidInput naming why when it cannot be."""
+                    startup_timeout_s: float, arena_bytes: int = 0) -> ProcessRunner:
+        """A worker process with its handler initialised; InvalidInput naming why when it cannot be.
+        ``arena_bytes``: the shared memory its ``context.model`` calls' large tensors cross (0: none)."""
         ours, theirs = socket.socketpair()
+        arena = None
         try:
+            if model is not None and arena_bytes > 0:
+                arena = Arena.create(arena_bytes, str(worker))
+            fds = [theirs.fileno()] if arena is None else [theirs.fileno(), arena.fd()]
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", f"{__package__}.worker_main", str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL)
-        except OSError as exc:  # no process to be had (EAGAIN, ENOMEM): the server's trouble, said as such
+                pass_fds=fds, stdin=asyncio.subprocess.DEVNULL)
+        except OSError as exc:  # no process (or memory) to be had (EAGAIN, ENOMEM): the server's trouble
             ours.close()
+            if arena is not None:
+                arena.close()
             raise Unavailable(f"{where}: cannot start a worker process: {exc.strerror or exc}") from None
         except BaseException:
             ours.close()
+            if arena is not None:
+                arena.close()
             raise
         finally:
             theirs.close()
+        if arena is not None:
+            arena.close_fd()  # the worker has its own; the server keeps its mapping
         reader, writer = await asyncio.open_unix_connection(sock=ours, limit=_READ_LIMIT)
-        runner = cls(where, worker, proc, reader, writer, model)
+        runner = cls(where, worker, proc, reader, writer, model, arena)
         start = {"op": "start", "worker": worker, "where": where, **settings,
-                 "model": model_doc(model) if model is not None else None}
+                 "model": model_doc(model) if model is not None else None,
+                 "arena": None if arena is None else {"fd": fds[1], "size": arena.size}}
         try:
-            wire.write(writer, start)
-            await writer.drain()
-            header, _ = await asyncio.wait_for(wire.read(reader), startup_timeout_s)
-        except TimeoutError:
-            await runner._end_now()
-            raise InvalidInput(f"{where}: the handler did not initialize within the startup timeout "
-                               f"({startup_timeout_s:g} s); its worker process was killed") from None
-        except (EOFError, wire.WireError, ConnectionError) as exc:
-            why = exit_text(await runner._exit_code())
-            raise InvalidInput(f"{where}: the handler's worker process {why} while starting"
-                               + ("" if isinstance(exc, EOFError) else f" ({exc})")) from None
+            try:
+                wire.write(writer, start)
+                await writer.drain()
+                header, _ = await asyncio.wait_for(wire.read(reader), startup_timeout_s)
+            except TimeoutError:
+                await runner._end_now()
+                raise InvalidInput(f"{where}: the handler did not initialize within the startup timeout "
+                                   f"({startup_timeout_s:g} s); its worker process was killed") from None
+            except (EOFError, wire.WireError, ConnectionError) as exc:
+                why = exit_text(await runner._exit_code())
+                raise InvalidInput(f"{where}: the handler's worker process {why} while starting"
+                                   + ("" if isinstance(exc, EOFError) else f" ({exc})")) from None
+            except BaseException:
+                await runner._end_now()
+                raise
+            if header["op"] == "init_failed":
+                await runner._exit_code()
+                raise InvalidInput(f"{where}: handler failed to initialize: {header.get('message', '')}")
+            if header["op"] != "ready":
+                await runner._end_now()
+                raise InternalError(f"{where}: the worker process answered {header['op']!r} to its start")
         except BaseException:
-            await runner._end_now()
+            if arena is not None:
+                arena.close()  # a worker that never served: its arena goes now
             raise
-        if header["op"] == "init_failed":
-            await runner._exit_code()
-            raise InvalidInput(f"{where}: handler failed to initialize: {header.get('message', '')}")
-        if header["op"] != "ready":
-            await runner._end_now()
-            raise InternalError(f"{where}: the worker process answered {header['op']!r} to its start")
         runner._dispatcher = asyncio.create_task(runner._dispatch(), name=f"ovserve-ts-process-{worker}")
         return runner
 
@@ -198,12 +220,22 @@ class ProcessRunner:
             return 0
 
     # -- reading the worker -------------------------------------------------------------------
+    def _break(self, how: str) -> None:
+        """The worker broke the protocol: killed, its batch and calls failed naming ``how``."""
+        if self._broke:
+            return
+        self._broke = f"broke the worker protocol ({how}) and was killed"
+        log.error("%s: worker %d (pid %d) %s", self.where, self.worker, self.pid, self._broke)
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+
     async def _dispatch(self) -> None:
-        broke = ""
         try:
             while True:
                 header, parts = await wire.read(self._reader)
                 op = header["op"]
+                if "release" in header and self._arena is not None:
+                    self._arena.release(header["release"])
                 if op in ("done", "failed"):
                     if self._reply is not None and not self._reply.done():
                         self._reply.set_result((header, parts))
@@ -219,17 +251,16 @@ class ProcessRunner:
                     raise wire.WireError(f"unknown message {op!r}")
         except (EOFError, ConnectionError):
             pass
-        except wire.WireError as exc:
-            broke = f"broke the worker protocol ({exc}) and was killed"
-            log.error("%s: worker %d (pid %d) %s", self.where, self.worker, self.pid, broke)
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
-        why = broke or self._stopping or exit_text(await self._exit_code())
-        if broke or self._stopping:
+        except (wire.WireError, ArenaError) as exc:
+            self._break(str(exc))
+        why = self._broke or self._stopping or exit_text(await self._exit_code())
+        if self._broke or self._stopping:
             await self._exit_code()
         for task in list(self._calls):
             task.cancel()
         self._writer.close()
+        if self._arena is not None:
+            self._arena.close()  # its memory goes with the last view an inference may still hold
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(WorkerLost(why))
         if not self._ended.done():
@@ -243,9 +274,13 @@ class ProcessRunner:
                 raise FailedPrecondition(f"{self.where} has no OpenVINO model: context.model is None")
             if header["op"] == "infer":
                 try:
-                    inputs = wire.unpack_values(header.get("inputs"), parts)
+                    inputs = wire.unpack_values(header.get("inputs"), parts,
+                                                None if self._arena is None else self._arena.request_view)
                 except wire.WireError as exc:
                     raise InvalidInput(f"context.model.infer: {exc}") from None
+                except ArenaError as exc:  # not a mistake a handler makes through context.model: the worker's own
+                    self._break(f"context.model named {exc}")
+                    return
                 wanted = header.get("outputs")
                 names = [str(n) for n in wanted] if isinstance(wanted, list) else None
                 result: dict[str, Any] = await self._model.infer_async(inputs, names or None)
@@ -256,7 +291,7 @@ class ProcessRunner:
                                                     name if isinstance(name, str) else None)
                 result = {"images": images}
             out: wire.OutParts = []
-            described = wire.pack_values(result, out)
+            described = wire.pack_values(result, out, None if self._arena is None else self._arena.put_answer)
             wire.write(self._writer, {"op": "answer", "call": call, "outputs": described}, out)
         except asyncio.CancelledError:
             raise

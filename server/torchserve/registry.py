@@ -51,6 +51,7 @@ from ..runtime.openvino import LoadOptions
 from ..runtime.shedding import running_cost
 from ..types import Registration, Scaling
 from ..version import __version__
+from .arena import DEFAULT_MIB as ARENA_DEFAULT_MIB
 from .context import Context, Item
 from .handlers import ALIASES, HandlerSpec
 from .model import HandlerModel, Infer
@@ -84,6 +85,8 @@ class WorkerPolicy:
     max_workers: int = DEFAULT_MAX_WORKERS
     #: a worker process's data segment at most, in bytes (RLIMIT_DATA; 0: no bound)
     memory_limit: int = 0
+    #: the shared memory each worker process's context.model tensors cross, in bytes (0: the socket)
+    arena_bytes: int = ARENA_DEFAULT_MIB << 20
     #: how long a worker's handler may take to initialize
     startup_timeout_s: float = 120.0
 
@@ -184,7 +187,8 @@ class HandlerRegistry:
                 return await LoopRunner.start(spec, context(), where)
             if policy.isolation == "thread":
                 return await ThreadRunner.start(spec, context(), where)
-            return await ProcessRunner.start(where, number, settings, handler_model, policy.startup_timeout_s)
+            return await ProcessRunner.start(where, number, settings, handler_model, policy.startup_timeout_s,
+                                             policy.arena_bytes)
 
         stateful = bool(sequences is not None and sequences.sequence_batching)
         idle_ms = (sequences.sequence_max_idle_ms or 0) if stateful else 0

@@ -10,13 +10,15 @@ server reads without running any code of the worker's, so a handler can crash,
 exit or misbehave without reaching into the server. Arrays cross as their dtype,
 shape and bytes; only numeric and boolean dtypes are accepted (never ``object``),
 and strings (BYTES tensors, lists of encoded images) cross as one part each.
+A large array of a ``context.model`` call may instead cross in the worker's shared-memory
+arena (:mod:`.arena`): its description then names its place (``shm``) and it has no part.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,10 @@ Header = dict[str, Any]
 Parts = list[bytes]
 #: what parts are written from (not copied)
 OutParts = list[bytes | memoryview]
+#: where a tensor goes instead of a part: its place in shared memory (:mod:`.arena`), or None for a part
+Place = Callable[[np.ndarray], "list[int] | None"]
+#: how a tensor named by its place is read: (name, dtype, shape, place) -> the array
+View = Callable[[str, np.dtype, Any, Any], np.ndarray]
 
 
 class WireError(Exception):
@@ -126,9 +132,10 @@ def write(writer: asyncio.StreamWriter, header: Mapping[str, Any],
 
 
 # -- tensors --------------------------------------------------------------------------
-def pack_values(values: Mapping[str, Any], parts: OutParts) -> list[dict[str, Any]]:
+def pack_values(values: Mapping[str, Any], parts: OutParts, place: Place | None = None) -> list[dict[str, Any]]:
     """Named inputs or outputs as descriptions, their bytes appended to ``parts``: a list of
-    bytes (encoded images, a BYTES tensor) as one part each, anything else as a numeric array."""
+    bytes (encoded images, a BYTES tensor) as one part each, anything else as a numeric array
+    (written where ``place`` puts it when it does: its description then says ``shm``)."""
     out = []
     for name, value in values.items():
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, (bytes, bytearray)) for v in value):
@@ -145,13 +152,18 @@ def pack_values(values: Mapping[str, Any], parts: OutParts) -> list[dict[str, An
             continue
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{name!r}: {array.dtype} data cannot cross to the server (numbers, booleans, bytes)")
+        where = place(array) if place is not None and array.size else None
+        if where is not None:
+            out.append({"name": name, "dtype": array.dtype.str, "shape": list(array.shape), "shm": where})
+            continue
         out.append({"name": name, "dtype": array.dtype.str, "shape": list(array.shape)})
         parts.append(np.ascontiguousarray(array).data.cast("B") if array.size else b"")
     return out
 
 
-def unpack_values(described: Any, parts: Sequence[bytes]) -> dict[str, Any]:
-    """What :func:`pack_values` wrote, checked: numeric dtypes only, shapes that match the bytes."""
+def unpack_values(described: Any, parts: Sequence[bytes], view: View | None = None) -> dict[str, Any]:
+    """What :func:`pack_values` wrote, checked: numeric dtypes only, shapes that match the bytes; a
+    tensor in shared memory through ``view`` (which checks its place; without one, it cannot be)."""
     out: dict[str, Any] = {}
     at = 0
     if not isinstance(described, list):
@@ -177,8 +189,15 @@ def unpack_values(described: Any, parts: Sequence[bytes]) -> dict[str, Any]:
             dtype = np.dtype(str(d.get("dtype")))
         except TypeError:
             raise WireError(f"{name!r}: unknown dtype {d.get('dtype')!r}") from None
-        if dtype.kind not in "biuf" or at >= len(parts):
+        if dtype.kind not in "biuf":
             raise WireError(f"{name!r}: a {dtype} tensor cannot cross (numbers and booleans only)")
+        if "shm" in d:
+            if view is None:
+                raise WireError(f"{name!r}: a tensor in shared memory, where there is none")
+            out[name] = view(name, dtype, d.get("shape"), d["shm"])
+            continue
+        if at >= len(parts):
+            raise WireError(f"{name!r}: a tensor description without its part")
         raw = parts[at]
         at += 1
         count = len(raw) // dtype.itemsize if dtype.itemsize else 0

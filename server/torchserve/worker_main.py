@@ -9,7 +9,10 @@ each request's error status, intermediate messages as they are sent.
 
 ``context.model`` is the server's model, reached over the same socket: its ``infer``
 sends the inputs' bytes and waits for the outputs (a reader thread routes the
-answers, so a handler's own threads may call it at once). The process ends when the
+answers, so a handler's own threads may call it at once). Large tensors go through
+the arena the server made for this worker (:mod:`.arena`): the inputs copied in once,
+the outputs read in place until the handler drops them (each message then tells the
+server which answers' regions it may reuse). The process ends when the
 socket closes, and with the server (``PR_SET_PDEATHSIG``); a memory bound, when the
 server sets one, is the process's ``RLIMIT_DATA``.
 """
@@ -35,6 +38,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import wire
+from .arena import Arena
 from .context import Context, Item
 from .handlers import HandlerSpec
 from .results import checked, drain, encode, failure, failure_doc
@@ -46,8 +50,9 @@ class Connection:
     """The socket to the server: messages out under a lock, messages in routed by a reader thread
     (answers to ``context.model`` calls to their caller, everything else to :meth:`next`)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, arena: Arena | None = None) -> None:
         self.sock = sock
+        self.arena = arena
         self._send_lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
         self._calls_lock = threading.Lock()
@@ -60,6 +65,9 @@ class Connection:
 
     def send(self, header: Mapping[str, Any], parts: Sequence[bytes | bytearray | memoryview] = ()) -> None:
         with self._send_lock:
+            released = self.arena.releases() if self.arena is not None else None
+            if released:  # answers' regions the handler dropped: the server may reuse them
+                header = {**header, "release": released}
             wire.send(self.sock, header, parts)
 
     def next(self) -> tuple[wire.Header, wire.Parts] | None:
@@ -147,11 +155,24 @@ class RemoteModel:
         """Run the model on ``{input name: array, or a list of encoded images}``; its outputs by name (only
         those named in ``outputs`` when given). The server's errors come back as themselves."""
         parts: wire.OutParts = []
+        arena = self._conn.arena
+        places: list[list[int]] = []
+
+        def place(array: np.ndarray) -> list[int] | None:
+            where = arena.put_request(array) if arena is not None else None
+            if where is not None:
+                places.append(where)
+            return where
+
         try:
-            described = wire.pack_values(inputs, parts)
-        except TypeError as exc:
-            raise InvalidInput(f"context.model.infer: {exc}") from None
-        return self._ask({"op": "infer", "inputs": described, "outputs": list(outputs or ())}, parts)
+            try:
+                described = wire.pack_values(inputs, parts, place)
+            except TypeError as exc:
+                raise InvalidInput(f"context.model.infer: {exc}") from None
+            return self._ask({"op": "infer", "inputs": described, "outputs": list(outputs or ())}, parts)
+        finally:
+            if arena is not None:
+                arena.done_with(places)  # answered (or never sent): the server reads them no more
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return self.infer(inputs)
@@ -166,7 +187,8 @@ class RemoteModel:
         answer, got = self._conn.call(header, parts)
         if answer["op"] == "refused":
             raise failure(answer.get("error"))
-        return wire.unpack_values(answer.get("outputs"), got)
+        arena = self._conn.arena
+        return wire.unpack_values(answer.get("outputs"), got, arena.answer_views() if arena is not None else None)
 
 
 def _die_with_the_server() -> None:
@@ -236,7 +258,8 @@ def main(argv: Sequence[str]) -> int:
                         format=f"%(asctime)s worker {header.get('worker')} pid {os.getpid()} %(levelname)s "
                                "%(name)s: %(message)s")
     _limit_memory(int(header.get("memory_limit") or 0))
-    conn = Connection(sock)
+    shared = header.get("arena")
+    conn = Connection(sock, Arena.attach(int(shared["fd"]), int(shared["size"])) if shared else None)
     conn.start()
     where = str(header["where"])
     try:

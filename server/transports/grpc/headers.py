@@ -19,6 +19,10 @@ The same interceptor applies the metadata size limit to the call's metadata as a
 applies frame by frame (:class:`MalformedRequests`).
 
 Only grpcio runs interceptors at no extra cost; the experimental engines (loop, native) are not covered.
+
+A refused call is counted (:attr:`MalformedRequests.refused`, by reason: ``ovserve_requests_malformed_total``
+when metrics are on) and, with ``--access-log``, logged as any call is: its method, status and client, no model,
+and a request id (the client's, if it sent a sane one) that also goes back in its trailing metadata.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+
+from ...gate import OPEN_GATE, Gate
+from ...gate.accesslog import HEADER, Clock, now_iso, request_id
 
 #: Connection-specific fields (RFC 9113 §8.2.2): a request carrying one is malformed. (``te`` is one too
 #: unless its value is ``trailers``; grpcio's HPACK parser refuses any other value before the metadata.)
@@ -95,14 +102,22 @@ def _look(metadata: Iterable[tuple[str, Any]]) -> tuple[str | None, int]:
     return None, size
 
 
-def _refusal(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler that ends the call at once: request-streaming, so it runs before any of the request's body
-    is read, whatever the method's own shape."""
+#: The reasons a refused call is counted under (``ovserve_requests_malformed_total``'s ``reason``).
+MALFORMED, TOO_LARGE = "malformed", "metadata_too_large"
+#: The most characters of a refused call's method name in its access-log line.
+QUOTED_METHOD = 128
 
-    async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(code, message)
 
-    return grpc.stream_stream_rpc_method_handler(refuse)
+def _method(path: str) -> str:
+    """``/inference.GRPCInferenceService/ModelInfer`` -> ``ModelInfer``, as the access log names methods (cut:
+    the path is the client's)."""
+    return path.rsplit("/", 1)[-1][:QUOTED_METHOD]
+
+
+def _peer(context: Any) -> str:
+    peer = str(context.peer() or "")
+    kind, sep, rest = peer.partition(":")
+    return rest if sep and kind in ("ipv4", "ipv6") else peer
 
 
 class MalformedRequests(grpc.aio.ServerInterceptor):
@@ -114,17 +129,45 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
     passed it whole (1 MiB of one value, 200 KB of fields, were served). So the limit is applied here again,
     to the call's metadata as a whole: RESOURCE_EXHAUSTED, as the core says it."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, listener: str = "grpc", gate: Gate = OPEN_GATE) -> None:
         self.max_bytes = max_bytes
+        #: the listener's name and gate (its access log), for the refused calls' lines
+        self.listener, self.gate = listener, gate
+        #: calls refused so far, by reason (MALFORMED, TOO_LARGE)
+        self.refused: dict[str, int] = {MALFORMED: 0, TOO_LARGE: 0}
 
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails],
                                          Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
             handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
-        why, size = _look(handler_call_details.invocation_metadata or ())
+        metadata = handler_call_details.invocation_metadata or ()
+        why, size = _look(metadata)
         if why is not None:
-            return _refusal(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {why}")
+            return self._refusal(handler_call_details, MALFORMED, grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"malformed request: {why}")
         if size > self.max_bytes:
-            return _refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"request metadata of {size} bytes is past the {self.max_bytes} this server takes")
+            return self._refusal(handler_call_details, TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"request metadata of {size} bytes is past the {self.max_bytes} this server takes")
         return await continuation(handler_call_details)
+
+    def _refusal(self, details: grpc.HandlerCallDetails, reason: str, code: grpc.StatusCode,
+                 message: str) -> grpc.RpcMethodHandler[Any, Any]:
+        """A handler that ends the call at once: request-streaming, so it runs before any of the request's body
+        is read, whatever the method's own shape. Counted, and logged when the access log is on."""
+        self.refused[reason] += 1
+        clock = Clock()
+        method = _method(str(details.method or ""))
+        given = next((v for k, v in details.invocation_metadata or () if k == HEADER and isinstance(v, str)), None)
+
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            if self.gate.access_log is not None:
+                rid = request_id(given)
+                context.set_trailing_metadata(((HEADER, rid),))
+                self.gate.log({
+                    "time": now_iso(clock.wall), "listener": self.listener, "method": method, "model": "",
+                    "version": "", "status": code.name, "latency_ms": clock.latency_ms(), "bytes_in": 0,
+                    "bytes_out": 0, "client": _peer(context), "request_id": rid,
+                })
+            await context.abort(code, message)
+
+        return grpc.stream_stream_rpc_method_handler(refuse)

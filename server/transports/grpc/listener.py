@@ -159,11 +159,11 @@ def choose_engine(asked: str) -> tuple[str, str]:
 
 
 def make_server(engine: str, options: list[tuple[str, Any]],
-                io_threads: int = NATIVE_IO_THREADS_MAX) -> Any:
+                io_threads: int = NATIVE_IO_THREADS_MAX, door: MalformedRequests | None = None) -> Any:
     """A grpc.aio-compatible server of the chosen engine (``grpcio``, ``loop``, or ``native`` on
-    ``io_threads`` I/O threads)."""
+    ``io_threads`` I/O threads); grpcio's refuses malformed requests with ``door`` (issue 33)."""
     if engine == "grpcio":
-        return grpc.aio.server(options=options, interceptors=[MalformedRequests(MAX_METADATA_BYTES)])  # issue 33
+        return grpc.aio.server(options=options, interceptors=[door or MalformedRequests(MAX_METADATA_BYTES)])
     if engine == "native":
         try:
             import pygrpc_native.aio
@@ -221,10 +221,12 @@ class GrpcListener:
         self.server: Any = None
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlight()
+        #: what refuses malformed calls before any handler runs, and counts them (grpcio only)
+        self.door = MalformedRequests(MAX_METADATA_BYTES, name, gate)
 
     def _build(self, engine: str) -> None:
         self.engine = engine
-        self.server = make_server(engine, grpcio_limits(self.max_message_bytes), self.io_threads)
+        self.server = make_server(engine, grpcio_limits(self.max_message_bytes), self.io_threads, self.door)
         for service in self.services:
             service.servicer.in_flight = self.in_flight  # one drain for every service on this port
             service.servicer.gate, service.servicer.listener = self.gate, self.name  # tokens and access log
