@@ -19,6 +19,7 @@ import openvino as ov
 import pytest
 import requests
 
+from ovserve.server import cpus
 from ovserve.server.demo import LINEAR_B, LINEAR_W, write_demo_repository
 from ovserve.server.runtime import measure
 from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel, core
@@ -31,6 +32,12 @@ SMALL = {"layers": 12, "channels": 16, "size": 28}
 MEASURED = re.compile(r"untuned precision: INFERENCE_PRECISION_HINT (\w+) \(measured (\w+) ([\d.]+) ms, (\w+) ([\d.]+) ms")
 DEFAULT = measure.default_precision(core())
 needs_a_choice = pytest.mark.skipif(DEFAULT == "f32", reason="OpenVINO infers in f32 here: there is nothing to choose")
+
+
+def _precisions_cached(cache: Path) -> list[str]:
+    """The precisions in the cache's entries (an entry of the hint alone has none)."""
+    file = cache / measure.CACHE_FILE
+    return [e["chosen"] for e in json.loads(file.read_text()).values() if "chosen" in e] if file.exists() else []
 
 
 # -- the decision, pure ----------------------------------------------------------------------------------
@@ -136,6 +143,8 @@ def test_a_compute_bound_model_is_measured_and_then_read_from_the_cache(
     assert {k for k in first.described if k.startswith("precision_ms_")} == {f"precision_ms_{p}" for p in ms}
     [entry] = json.loads((tmp_path / "cache" / measure.CACHE_FILE).read_text()).values()
     assert entry["chosen"] == chosen and entry["model"] == str(tmp_path / "m" / "model.xml")
+    # the hint, measured in the same load where there is a choice (test_untuned.py), in the same entry
+    assert ("hint" in entry) == (cpus.cpu_budget().usable > 1)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ovserve"):
         again = OpenVINOModel(first.path, LoadOptions())
@@ -168,7 +177,8 @@ def test_a_users_plugin_config_wins(tmp_path: Path, caplog: pytest.LogCaptureFix
     monkeypatch.setenv("OVSERVE_CACHE", str(tmp_path / "cache"))
     with caplog.at_level(logging.INFO, logger="ovserve"):
         model = _load(tmp_path / "m", models.conv_stack(**SMALL), plugin_config=config)
-    assert "untuned precision" not in caplog.text and not (tmp_path / "cache").exists()
+    assert "untuned precision" not in caplog.text
+    assert _precisions_cached(tmp_path / "cache") == []  # the hint's measurement alone, where there is one
     assert model.described["precision_chosen_by"] == "plugin_config"
     if "INFERENCE_PRECISION_HINT" in config and (config["INFERENCE_PRECISION_HINT"] == "f32" or DEFAULT == "bf16"):
         assert model.described["inference_precision"] == config["INFERENCE_PRECISION_HINT"]
@@ -295,4 +305,4 @@ def test_a_servers_plugin_config_wins_and_the_flag_turns_measuring_off(start_ser
             said = off.wait_log(r"small/1/model\.xml: untuned precision: ")
             assert f"OpenVINO's default, {DEFAULT} (--untuned-measure off;" in said
         off.stop()
-    assert not (tmp_path / "cache").exists()  # nothing was measured
+    assert _precisions_cached(tmp_path / "cache") == []  # no precision was measured (the hint may have been)
