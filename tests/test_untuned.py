@@ -171,7 +171,8 @@ def test_a_tiny_model_gets_one_thread_without_measuring(tmp_path: Path, caplog: 
 
 @many_cpus
 def test_the_hint_is_measured_served_as_measured_and_then_read_from_the_cache(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, own_cache: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, own_cache: Path) -> None:
+    monkeypatch.setattr(measure, "BUSY_CORES", float("inf"))  # cached however busy the machine (test_untuned_precision)
     with caplog.at_level(logging.INFO, logger="ovserve"):
         small = _load(tmp_path / "small", models.conv_stack(**SMALL))
     chosen, ms, in_flight = _measured(caplog.text)
@@ -288,6 +289,9 @@ def test_a_server_on_a_repository_without_config_json_says_what_it_chose(start_s
     server.stop()
     again = start_server("--model-repository", repo, "--poll-interval", "0", env=env)  # a restart: from the cache
     line = again.wait_log(r"small/1/model\.xml: untuned: ")
+    if "; not cached: other processes took " in small:  # measured on a busy machine: measured again
+        assert MEASURED.search(line), again.log
+        return
     assert f"PERFORMANCE_HINT {chosen} (" in line and "as measured before, in " in line, again.log
     assert "measured LATENCY" not in again.log
     params = _metadata(again, "small")

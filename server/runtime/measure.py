@@ -77,6 +77,11 @@ MIN_RUNS, MAX_RUNS = 3, 8
 BUDGET_SECONDS = 0.25
 #: A model is not measured when its warm-up inferences say MIN_RUNS of each candidate would take longer.
 LONGEST_SECONDS = 1.0
+#: A measurement during which other processes must have taken more than this share of a core from the CPUs this
+#: process uses (their time beyond what the machine's other CPUs could hold) is kept for this load but not cached:
+#: a busy node may flip the hint (a LATENCY stream's barriers stall), and a restart measures again.
+BUSY_CORES = 0.25
+PROC_STAT = Path("/proc/stat")
 #: The decisions' file, in the cache folder.
 CACHE_FILE = "untuned-precision.json"
 #: Entries kept in it (the oldest are dropped past this).
@@ -302,6 +307,28 @@ def remember(path: Path, key: str, entry: dict[str, Any]) -> None:
 
 
 # -- the measurement ---------------------------------------------------------------------------------
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds now: the whole machine's busy time (0 where /proc/stat cannot be read) and this process's."""
+    own = time.process_time()
+    try:
+        ticks = [int(x) for x in PROC_STAT.read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, own
+    idle = ticks[3] + ticks[4]  # idle, iowait; the rest of user nice system idle iowait irq softirq steal is busy
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), own
+
+
+def others_on_ours(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
+    """Cores' worth of the CPUs this process uses that other processes must have taken between the two readings:
+    their busy time beyond what the machine's other CPUs could have held (0 where the machine cannot be read)."""
+    if not before[0] or wall <= 0:
+        return 0.0
+    others = ((after[0] - before[0]) - (after[1] - before[1])) / wall
+    spare = max((os.cpu_count() or 1) - cpus.cpu_budget().usable, 0)
+    return max(others - spare, 0.0)
+
+
+
 def sample_inputs(model: ov.Model, batch: int) -> dict[int, np.ndarray]:
     """Seeded inputs for ``model`` at ``batch`` (a dynamic batch dimension); ValueError where another dimension
     is dynamic or the element type is not numeric."""
@@ -492,6 +519,7 @@ def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any]
         out.hint = _hint_default(failed) if time_hint else out.hint
         return out
     with _measuring:
+        before, started = cpu_seconds(), time.perf_counter()
         if time_precision:
             try:
                 measured = time_candidates(core, model, device, {HINT: "LATENCY", **base}, [default, "f32"], feed)
@@ -536,7 +564,10 @@ def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any]
             out.compiled = timed.compiled.pop(won)
             timed.compiled.clear()
     where = "not cached: no key"
-    if key:
+    busy = others_on_ours(before, cpu_seconds(), time.perf_counter() - started)
+    if busy > BUSY_CORES:
+        where = f"not cached: other processes took {busy:.2f} of a core of this process's CPUs meanwhile"
+    elif key:
         try:
             at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             remember(file, key, {**record, "model": str(path), "cpu": cpu_identity(), "openvino": ov.get_version(),
