@@ -35,10 +35,12 @@ inferences in flight as it has streams (OPTIMAL_NUMBER_OF_INFER_REQUESTS), start
 alternated between the two (the LATENCY candidate is the precision's winner, already compiled: one more compile,
 THROUGHPUT's), within the same bounds (MIN_RUNS to MAX_RUNS rounds each, BUDGET_SECONDS, LONGEST_SECONDS).
 THROUGHPUT is kept only where its time per inference is more than :data:`HINT_MARGIN` below LATENCY's: otherwise
-LATENCY, whose single request is the shorter (half or less on 2 cores). Such an isolated measurement does not see
-the server's own threads (the event loop, the transports) taking a core beside the inferences, which stalls a
-LATENCY stream's barriers more than THROUGHPUT's streams: docs/performance.md "The hint, measured" checks it
-against the served numbers. Both decisions go to one cache entry.
+LATENCY, whose single request is the shorter (half or less on 2 cores). Alone, the rounds would not see the
+server's own threads (the event loop, the transports) taking a core beside the inferences, which stalls a LATENCY
+stream's barriers more than THROUGHPUT's streams: so they run beside a thread as busy (:data:`BESIDE_SHARE`;
+docs/performance.md "The precision, measured (issue 36)", "The hint, measured", checks it against the served
+numbers). Both decisions go to one cache entry; one measured while other processes took this process's CPUs
+(:data:`BUSY_CORES`) is served but not cached.
 
 A user's ``INFERENCE_PRECISION_HINT`` or ``EXECUTION_MODE_HINT`` in ``plugin_config`` always wins (the caller
 does not ask), and so does any of ``PERFORMANCE_HINT``, ``NUM_STREAMS``, ``INFERENCE_NUM_THREADS`` for the hint;
@@ -555,7 +557,7 @@ def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any]
         out.hint = _hint_default(failed) if time_hint else out.hint
         return out
     with _measuring:
-        before, started = cpu_seconds(), time.perf_counter()
+        cpu_before, started = cpu_seconds(), time.perf_counter()
         if time_precision:
             try:
                 measured = time_candidates(core, model, device, {HINT: "LATENCY", **base}, [default, "f32"], feed)
@@ -601,7 +603,7 @@ def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any]
             out.compiled = timed.compiled.pop(won)
             timed.compiled.clear()
     where = "not cached: no key"
-    busy = others_on_ours(before, cpu_seconds(), time.perf_counter() - started)
+    busy = others_on_ours(cpu_before, cpu_seconds(), time.perf_counter() - started)
     if busy > BUSY_CORES:
         where = f"not cached: other processes took {busy:.2f} of a core of this process's CPUs meanwhile"
     elif key:
