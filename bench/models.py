@@ -121,8 +121,10 @@ def with_servers_precision(name: str, path: Path) -> None:
         model = core().read_model(str(path))
         outcome = measure.choose(core(), model, path, {"PERFORMANCE_HINT": "LATENCY", **config},
                                  untuned.work_of(model), 1)
-        log.info("%s: %s (%s)", name, outcome.decision.listed, outcome.decision.why)
-        config.update(outcome.decision.properties)
+        decision = outcome.decision
+        assert decision is not None  # asked for the precision alone: always decided
+        log.info("%s: %s (%s)", name, decision.listed, decision.why)
+        config.update(decision.properties)
 
 
 def build_small_classifier(repo: Path) -> Path:

@@ -135,8 +135,9 @@ class Settings(ProcessSettings):
     layout: str | None = None
     batch_size: str | None = None
     plugin_config: dict[str, Any] = field(default_factory=dict)
-    #: Time the inference precisions at load for a CPU model whose plugin_config names none, and keep the faster
-    #: (runtime/measure.py); off: OpenVINO's default precision.
+    #: Time the inference precisions at load for a CPU model whose plugin_config names none, and keep the faster;
+    #: the same for LATENCY against THROUGHPUT where it names no hint, streams or threads (runtime/measure.py); off:
+    #: OpenVINO's defaults.
     untuned_measure: bool = True
     #: Model defaults: dynamic batching (0 = off) and how long a batch waits to fill.
     max_batch_size: int = 0

@@ -112,6 +112,18 @@ def test_precision_sets_raw_openvino_in_each_precision_beside_ovserve_untuned(tm
     assert "--models resnetish" in text and "CPU flags" in text
 
 
+def test_hint_serves_each_hint_beside_ovserve_untuned(tmp_path: Path) -> None:
+    out = _run("bench.hint", "--models", "resnetish", "--protocols", "grpc", "--concurrency", "2", "--seconds", "0.3",
+               "--warmup", "0.2", "--repeat", "1", "--wait-quiet", "0", "--out", str(tmp_path))
+    for who in ("LATENCY", "THROUGHPUT", "untuned"):
+        assert re.search(rf"^  {who} +grpc c2 \d+/s", out, re.MULTILINE), out
+    assert re.search(r"untuned: PERFORMANCE_HINT (LATENCY|THROUGHPUT) \(", out), out  # what the untuned server said
+    [written] = tmp_path.glob("hint-*.md")
+    text = written.read_text()
+    assert re.search(r"^\| resnetish \| grpc \| 2 \| \d+ \| \d+ \| [\d.]+ \| \d+ \| [\d.]+ \|", text, re.MULTILINE), text
+    assert "--models resnetish" in text
+
+
 def test_renew_times_a_fresh_infer_request_beside_an_inference_for_every_model_and_hint() -> None:
     out = _run("bench.renew", "--no-mobilenet", "--repeat", "5")
     rows = re.findall(r"^\| (\w+) \| (LATENCY|THROUGHPUT) \| (\d+) \| (\d+) \|$", out, re.MULTILINE)

@@ -67,7 +67,7 @@ def test_a_server_in_a_one_cpu_cgroup_runs_openvino_on_one_thread(tmp_path: Path
         line = server.wait_log(r"cgroup CPU quota allows 1 of the \d+ CPUs in sight: INFERENCE_NUM_THREADS 1")
         assert "conv/1/model.xml" in line
         # the untuned rule counts the CPUs the quota allows: one, so no THROUGHPUT to split it
-        assert "PERFORMANCE_HINT LATENCY (" in server.wait_log(r"conv/1/model\.xml: untuned: .* on 1 CPUs")
+        assert "PERFORMANCE_HINT LATENCY (" in server.wait_log(r"conv/1/model\.xml: untuned: .* on one CPU: one stream")
         assert "INFERENCE_NUM_THREADS 1" in server.wait_log(r"add/1/model\.xml: untuned: ")
         assert str(server.proc.pid) in procs.read_text().split()
         x = np.arange(32, dtype=np.float32).reshape(2, 16)

@@ -1,4 +1,5 @@
-"""The inference precision of a model nobody chose one for: measured on this CPU at load, and remembered.
+"""The inference precision and the performance hint of a model nobody chose them for: measured on this CPU at
+load, and remembered.
 
 OpenVINO's CPU device infers in a lower precision by default where the CPU has one (bf16 where it lists BF16
 among its OPTIMIZATION_CAPABILITIES, f16 on some Arm CPUs), and whether that is faster than f32 depends on the
@@ -26,12 +27,30 @@ one CPU holds on the next, so the server times it:
   :data:`HASH_LIMIT` bytes), the compiled inputs' shapes, the other properties, the CPU (model name and flags,
   usable CPUs) and OpenVINO's version: a restart on the same node reads it instead of measuring again.
 
+**The performance hint** (LATENCY or THROUGHPUT, where untuned.choose asks: the model is neither of microseconds
+nor of unknown work, and has more than one CPU) is measured next, in the precision just chosen. LATENCY runs an
+inference on all the cores, each layer split between their threads and ended in a barrier; THROUGHPUT gives each
+stream its cores, an inference each. Both are timed under the load THROUGHPUT is for: rounds of as many
+inferences in flight as it has streams (OPTIMAL_NUMBER_OF_INFER_REQUESTS), started together and waited for,
+alternated between the two (the LATENCY candidate is the precision's winner, already compiled: one more compile,
+THROUGHPUT's), within the same bounds (MIN_RUNS to MAX_RUNS rounds each, BUDGET_SECONDS, LONGEST_SECONDS).
+THROUGHPUT is kept only where its time per inference is more than :data:`HINT_MARGIN` below LATENCY's: otherwise
+LATENCY, whose single request is the shorter (half or less on 2 cores). Alone, the rounds would not see the
+server's own threads (the event loop, the transports) taking a core beside the inferences, which stalls a LATENCY
+stream's barriers more than THROUGHPUT's streams: so they run beside a thread as busy (:data:`BESIDE_SHARE`;
+docs/performance.md "The precision, measured (issue 36)", "The hint, measured", checks it against the served
+numbers). Both decisions go to one cache entry; one measured while other processes took this process's CPUs
+(:data:`BUSY_CORES`) is served but not cached.
+
 A user's ``INFERENCE_PRECISION_HINT`` or ``EXECUTION_MODE_HINT`` in ``plugin_config`` always wins (the caller
-does not ask), ``--untuned-measure off`` turns the measurement off (OpenVINO's default then, for every model),
-and any failure of the measurement or of the cache is logged and leaves OpenVINO's default: it never fails a load.
+does not ask), and so does any of ``PERFORMANCE_HINT``, ``NUM_STREAMS``, ``INFERENCE_NUM_THREADS`` for the hint;
+``--untuned-measure off`` turns the measurement off (OpenVINO's defaults then, for every model: its precision, and
+LATENCY), and any failure of the measurement or of the cache is logged and leaves OpenVINO's default: it never
+fails a load.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -39,8 +58,8 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +80,17 @@ MIN_RUNS, MAX_RUNS = 3, 8
 BUDGET_SECONDS = 0.25
 #: A model is not measured when its warm-up inferences say MIN_RUNS of each candidate would take longer.
 LONGEST_SECONDS = 1.0
+#: A measurement during which other processes must have taken more than this share of a core from the CPUs this
+#: process uses (their time beyond what the machine's other CPUs could hold) is kept for this load but not cached:
+#: a busy node may flip the hint (a LATENCY stream's barriers stall), and a restart measures again.
+BUSY_CORES = 0.25
+PROC_STAT = Path("/proc/stat")
+#: While the hints are timed, a thread of this process is busy for this share of every millisecond of one core (in
+#: hashlib, outside the GIL): what the server's own threads (the event loop, the transports) take beside the
+#: inferences when it serves a few hundred requests a second. Alone, MobileNetV2's LATENCY stream matched
+#: THROUGHPUT on 2 cores while served it ran at 0.5-0.7x of it: each of its ~100 layers ends in a barrier of the
+#: stream's threads, and a thread that loses its core for a moment stalls the other (docs/performance.md).
+BESIDE_SHARE = 0.25
 #: The decisions' file, in the cache folder.
 CACHE_FILE = "untuned-precision.json"
 #: Entries kept in it (the oldest are dropped past this).
@@ -68,9 +98,15 @@ CACHE_ENTRIES = 256
 #: Model files up to this many bytes in all are known by their content; larger ones by size, mtime and path.
 HASH_LIMIT = 256 << 20
 KEY = "INFERENCE_PRECISION_HINT"
+HINT = "PERFORMANCE_HINT"
+#: THROUGHPUT is kept only where it served this much more than LATENCY, with as many inferences in flight
+#: (otherwise LATENCY: a single request takes half as long, or less).
+HINT_MARGIN = 0.10
 
-#: How a precision was chosen (the metadata's ``precision_chosen_by``).
+#: How a precision or a hint was chosen (the metadata's ``precision_chosen_by`` and ``hint_chosen_by``).
 MEASURED, CACHED, EXACT, DEFAULT = "measured", "cache", "exact", "openvino_default"
+#: A hint that needs no measurement (untuned.choose: a model of microseconds, one CPU, unknown work, or measuring off).
+RULE = "rule"
 
 _enabled = True
 _lock = threading.Lock()  # models load in worker threads side by side: one reader-writer of the file at a time
@@ -110,6 +146,40 @@ class Decision:
         if self.precision is not None:
             return f"{KEY} {self.precision}"
         return f"OpenVINO's default, {self.default}" if self.default else "OpenVINO's default"
+
+
+@dataclass(frozen=True, slots=True)
+class HintDecision:
+    """The performance hint to compile with, how it was chosen, why in words, and what it was chosen from
+    (milliseconds per inference with ``in_flight`` inferences in flight, per hint)."""
+
+    hint: str
+    source: str
+    why: str
+    ms: dict[str, float] = field(default_factory=dict)
+    in_flight: int = 0
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return {HINT: self.hint}
+
+    @property
+    def listed(self) -> str:
+        return f"{HINT} {self.hint}"
+
+
+def faster_hint(ms: Mapping[str, float], margin: float = HINT_MARGIN) -> str:
+    """THROUGHPUT where its time per inference is more than ``margin`` below LATENCY's, else LATENCY."""
+    return "THROUGHPUT" if ms["THROUGHPUT"] * (1.0 + margin) < ms["LATENCY"] else "LATENCY"
+
+
+def hint_verdict(ms: Mapping[str, float], chosen: str, margin: float = HINT_MARGIN) -> str:
+    """Why ``chosen`` won, in words."""
+    ratio = ms["LATENCY"] / ms["THROUGHPUT"]
+    if chosen == "THROUGHPUT":
+        return f"THROUGHPUT {ratio:.2f}x faster"
+    return (f"THROUGHPUT {ratio:.2f}x, not over {1 + margin:.2f}x: LATENCY, the shorter single request"
+            if ratio > 1.0 else f"LATENCY {1 / ratio:.2f}x faster")
 
 
 def faster(ms: Mapping[str, float], noise: float = NOISE) -> str:
@@ -183,12 +253,16 @@ def cpu_identity() -> str:
     return f"{name or os.uname().machine} flags:{flags} cpus:{cpus.cpu_budget().usable}"
 
 
-def cache_key(identity: str, model: ov.Model, config: Mapping[str, Any], device: str) -> str:
-    """The entry of a model's decision: everything the measurement depended on."""
+def cache_key(identity: str, model: ov.Model, config: Mapping[str, Any], device: str, *, precision: bool = True,
+              hint: bool = False) -> str:
+    """The entry of a model's decisions: everything the measurement depended on, and what it chose (the precision,
+    the hint or both)."""
     inputs = [(p.get_any_name() if p.get_names() else str(i), str(p.get_partial_shape()), str(p.get_element_type()))
               for i, p in enumerate(model.inputs)]
     context = {"model": identity, "inputs": inputs, "device": device, "cpu": cpu_identity(),
                "openvino": ov.get_version(), "config": {k: str(v) for k, v in sorted(config.items()) if k != KEY}}
+    if hint or not precision:  # an entry of the precision alone keeps the key it always had
+        context["measured"] = [name for name, on in (("precision", precision), ("hint", hint)) if on]
     return hashlib.sha256(json.dumps(context, sort_keys=True).encode()).hexdigest()
 
 
@@ -204,15 +278,27 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def cached(path: Path, key: str) -> dict[str, Any] | None:
-    """The decision stored under ``key``, if any (and well-formed)."""
+    """The decisions stored under ``key``, if any (and well-formed): ``chosen`` and ``ms`` for the precision,
+    ``hint``, ``hint_ms`` and ``in_flight`` for the hint, where each was measured."""
     with _lock:
         entry = _read(path).get(key)
-    if not (isinstance(entry, dict) and isinstance(entry.get("ms"), dict) and entry.get("chosen") in entry["ms"]):
+    if not isinstance(entry, dict):
         return None
+    out: dict[str, Any] = dict(entry)
     try:
-        return {**entry, "ms": {str(p): float(v) for p, v in entry["ms"].items()}}
+        if "chosen" in entry or "ms" in entry:
+            if not (isinstance(entry.get("ms"), dict) and entry.get("chosen") in entry["ms"]):
+                return None
+            out["ms"] = {str(p): float(v) for p, v in entry["ms"].items()}
+        if "hint" in entry or "hint_ms" in entry:
+            ms = entry.get("hint_ms")
+            if not (isinstance(ms, dict) and set(ms) == {"LATENCY", "THROUGHPUT"} and entry.get("hint") in ms):
+                return None
+            out["hint_ms"] = {str(h): float(v) for h, v in ms.items()}
+            out["in_flight"] = int(entry.get("in_flight", 0))
     except (TypeError, ValueError):
         return None
+    return out
 
 
 def remember(path: Path, key: str, entry: dict[str, Any]) -> None:
@@ -230,6 +316,28 @@ def remember(path: Path, key: str, entry: dict[str, Any]) -> None:
 
 
 # -- the measurement ---------------------------------------------------------------------------------
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds now: the whole machine's busy time (0 where /proc/stat cannot be read) and this process's."""
+    own = time.process_time()
+    try:
+        ticks = [int(x) for x in PROC_STAT.read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, own
+    idle = ticks[3] + ticks[4]  # idle, iowait; the rest of user nice system idle iowait irq softirq steal is busy
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), own
+
+
+def others_on_ours(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
+    """Cores' worth of the CPUs this process uses that other processes must have taken between the two readings:
+    their busy time beyond what the machine's other CPUs could have held (0 where the machine cannot be read)."""
+    if not before[0] or wall <= 0:
+        return 0.0
+    others = ((after[0] - before[0]) - (after[1] - before[1])) / wall
+    spare = max((os.cpu_count() or 1) - cpus.cpu_budget().usable, 0)
+    return max(others - spare, 0.0)
+
+
+
 def sample_inputs(model: ov.Model, batch: int) -> dict[int, np.ndarray]:
     """Seeded inputs for ``model`` at ``batch`` (a dynamic batch dimension); ValueError where another dimension
     is dynamic or the element type is not numeric."""
@@ -265,6 +373,7 @@ class Measured:
     compiled: dict[str, ov.CompiledModel]
     seconds: float
     runs: int
+    in_flight: int = 1
 
 
 class TooLong(Exception):
@@ -300,69 +409,216 @@ def time_candidates(core: ov.Core, model: ov.Model, device: str, config: Mapping
     return Measured(ms, compiled, time.perf_counter() - started, runs)
 
 
+@contextlib.contextmanager
+def _beside(share: float) -> Iterator[None]:
+    """A thread busy for ``share`` of every millisecond (hashing, which releases the GIL) until the block ends."""
+    if share <= 0:
+        yield
+        return
+    stop = threading.Event()
+    block = bytes(16 << 10)
+
+    def busy() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < share * 1e-3:
+                hashlib.sha256(block)
+            time.sleep((1.0 - share) * 1e-3)
+
+    thread = threading.Thread(target=busy, name="ovserve-measure-beside", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def time_hints(core: ov.Core, model: ov.Model, device: str, config: Mapping[str, Any], feed: dict[int, np.ndarray],
+               latency: ov.CompiledModel | None = None, beside: float = BESIDE_SHARE) -> Measured:
+    """Compile ``model`` with LATENCY (or take ``latency``, compiled so already) and THROUGHPUT, and time rounds of
+    as many inferences in flight as THROUGHPUT has streams (its OPTIMAL_NUMBER_OF_INFER_REQUESTS), alternated
+    between the two: THROUGHPUT's streams each run one, LATENCY's stream runs them one after the other on all its
+    threads; the timed rounds run beside a thread busy for ``beside`` of a core (:data:`BESIDE_SHARE`). ``ms`` is per
+    inference (a round's median over the inferences in it); ``runs`` the rounds of each."""
+    started = time.perf_counter()
+    if latency is None:
+        latency = core.compile_model(model, device, {**config, HINT: "LATENCY"})
+    compiled = {"LATENCY": latency, "THROUGHPUT": core.compile_model(model, device, {**config, HINT: "THROUGHPUT"})}
+    in_flight = max(int(compiled["THROUGHPUT"].get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")), 1)
+    requests = {h: [c.create_infer_request() for _ in range(in_flight)] for h, c in compiled.items()}
+
+    def one_round(hint: str) -> float:
+        t0 = time.perf_counter()
+        for request in requests[hint]:
+            request.start_async(feed)
+        for request in requests[hint]:
+            request.wait()
+        return time.perf_counter() - t0
+
+    for h in requests:  # every stream's first inference (its start-up), then one warm round to judge by
+        one_round(h)
+    warm = {h: one_round(h) for h in requests}
+    if MIN_RUNS * sum(warm.values()) > LONGEST_SECONDS:
+        raise TooLong(f"a warm-up round of {in_flight} took {said({h: s * 1e3 for h, s in warm.items()})}")
+    times: dict[str, list[float]] = {h: [] for h in requests}
+    spent, runs = 0.0, 0
+    order = list(requests)
+    with _beside(beside):
+        while runs < MAX_RUNS and (runs < MIN_RUNS or spent < BUDGET_SECONDS):
+            for h in order if runs % 2 == 0 else order[::-1]:
+                took = one_round(h)
+                times[h].append(took)
+                spent += took
+            runs += 1
+    requests.clear()  # before the loser goes: an infer request holds its compiled model
+    ms = {h: statistics.median(v) * 1e3 / in_flight for h, v in times.items()}
+    return Measured(ms, compiled, time.perf_counter() - started, runs, in_flight)
+
+
 @dataclass(slots=True)
 class Outcome:
-    """The decision, and the winner's compiled model where one was compiled to measure (serve it as it is)."""
+    """The decisions (None: not asked for), and the winner's compiled model where one was compiled to measure
+    (serve it as it is)."""
 
-    decision: Decision
+    decision: Decision | None = None
+    hint: HintDecision | None = None
     compiled: ov.CompiledModel | None = None
 
 
-def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any], work: untuned.Work | None,
-           batch: int, device: str = "CPU") -> Outcome:
-    """The precision of ``model`` (read from ``path``), to be compiled with ``config`` (every other property
-    chosen already) on ``device``; never raises."""
+def _precision_unmeasured(core: ov.Core, work: untuned.Work | None, device: str) -> tuple[Decision | None, str]:
+    """The precision's decision where it needs no measurement (else None), and OpenVINO's default precision."""
     try:
         default = default_precision(core, device)
     except Exception as exc:  # a device without the property: nothing to choose
-        return Outcome(Decision(None, DEFAULT, f"the device says no default precision ({_line(exc)})"))
+        return Decision(None, DEFAULT, f"the device says no default precision ({_line(exc)})"), ""
     if default == "f32":
-        return Outcome(Decision(None, DEFAULT, "no lower precision here: nothing to choose", default=default))
+        return Decision(None, DEFAULT, "no lower precision here: nothing to choose", default=default), default
     if not _enabled:
-        return Outcome(Decision(None, DEFAULT, "--untuned-measure off", default=default))
+        return Decision(None, DEFAULT, "--untuned-measure off", default=default), default
     if work is not None and work.flops < untuned.TINY_FLOPS:
-        return Outcome(Decision("f32", EXACT, f"{untuned.mega(work.flops)} per inference, microseconds either "
-                                              "way: f32, exact", default=default))
+        return Decision("f32", EXACT, f"{untuned.mega(work.flops)} per inference, microseconds either way: f32, "
+                                      "exact", default=default), default
     if work is None:
-        return Outcome(Decision(None, DEFAULT, "the work per inference is unknown (a dynamic dimension other than "
-                                               "the batch): not measured", default=default))
+        return Decision(None, DEFAULT, "the work per inference is unknown (a dynamic dimension other than the batch): "
+                                       "not measured", default=default), default
+    return None, default
+
+
+def _hint_default(why: str) -> HintDecision:
+    return HintDecision("LATENCY", DEFAULT, why)
+
+
+def choose(core: ov.Core, model: ov.Model, path: Path, config: Mapping[str, Any], work: untuned.Work | None,
+           batch: int, device: str = "CPU", *, precision: bool = True, hint: bool = False) -> Outcome:
+    """The precision (``precision``: the user chose none) and the performance hint (``hint``: the user chose none and
+    untuned.choose asks for a measurement) of ``model`` (read from ``path``), to be compiled with ``config`` (every
+    other property chosen already) on ``device``; never raises."""
+    out = Outcome()
+    default = ""
+    if precision:
+        out.decision, default = _precision_unmeasured(core, work, device)
+    if hint:
+        if not _enabled:
+            out.hint = _hint_default("--untuned-measure off: OpenVINO's default")
+        elif work is None:
+            out.hint = _hint_default("the work per inference is unknown: OpenVINO's default")
+    time_precision, time_hint = precision and out.decision is None, hint and out.hint is None
+    if not (time_precision or time_hint):
+        return out
+    base = {k: v for k, v in config.items() if k != HINT} if time_hint else dict(config)
     file = cache_path(config)
     key = ""
     try:
-        key = cache_key(model_identity(path), model, config, device)
+        key = cache_key(model_identity(path), model, base, device, precision=time_precision, hint=time_hint)
         entry = cached(file, key)
     except Exception as exc:
-        log.warning("%s: the untuned precision's cache %s: %s", path, file, _line(exc))
+        log.warning("%s: the untuned choices' cache %s: %s", path, file, _line(exc))
         entry = None
-    if entry is not None:
-        ms = entry["ms"]
-        return Outcome(Decision(entry["chosen"], CACHED, f"as measured before, in {file}: {said(ms)} per inference: "
-                                                         f"{verdict(ms, entry['chosen'])}", ms, default))
+    if entry is not None and (not time_precision or "chosen" in entry) and (not time_hint or "hint" in entry):
+        before = f"as measured before, in {file}"
+        if time_precision:
+            ms = entry["ms"]
+            out.decision = Decision(entry["chosen"], CACHED, f"{before}: {said(ms)} per inference: "
+                                                              f"{verdict(ms, entry['chosen'])}", ms, default)
+        if time_hint:
+            ms, n = entry["hint_ms"], entry["in_flight"]
+            out.hint = HintDecision(entry["hint"], CACHED, f"{before}: {said(ms)} per inference with {n} in flight: "
+                                                           f"{hint_verdict(ms, entry['hint'])}", ms, n)
+        return out
+    record: dict[str, Any] = {}
+    latency: ov.CompiledModel | None = None  # the precision's winner, compiled with LATENCY
     try:
         feed = sample_inputs(model, batch)
-        with _measuring:
-            measured = time_candidates(core, model, device, config, [default, "f32"], feed)
-    except TooLong as exc:
-        return Outcome(Decision(None, DEFAULT, f"not measured: {exc}, longer than {LONGEST_SECONDS:g} s for "
-                                               f"{MIN_RUNS} runs of each", default=default))
     except Exception as exc:
-        log.warning("%s: the untuned precision could not be measured (%s): OpenVINO's default, %s", path,
-                    _line(exc), default)
-        return Outcome(Decision(None, DEFAULT, f"the measurement failed: {_line(exc)}", default=default))
-    chosen = faster(measured.ms)
-    where = f"cached in {file}" if key else "not cached: no key"
-    if key:
+        feed, failed = {}, f"the measurement failed: {_line(exc)}"
+        log.warning("%s: the untuned choices could not be measured (%s): OpenVINO's defaults", path, _line(exc))
+        out.decision = Decision(None, DEFAULT, failed, default=default) if time_precision else out.decision
+        out.hint = _hint_default(failed) if time_hint else out.hint
+        return out
+    with _measuring:
+        cpu_before, started = cpu_seconds(), time.perf_counter()
+        if time_precision:
+            try:
+                measured = time_candidates(core, model, device, {HINT: "LATENCY", **base}, [default, "f32"], feed)
+            except TooLong as exc:
+                out.decision = Decision(None, DEFAULT, f"not measured: {exc}, longer than {LONGEST_SECONDS:g} s for "
+                                                       f"{MIN_RUNS} runs of each", default=default)
+                out.hint = _hint_default("not measured: the precision's inferences were too long to time") \
+                    if time_hint else out.hint
+                return out
+            except Exception as exc:
+                log.warning("%s: the untuned precision could not be measured (%s): OpenVINO's default, %s", path,
+                            _line(exc), default)
+                out.decision = Decision(None, DEFAULT, f"the measurement failed: {_line(exc)}", default=default)
+                out.hint = _hint_default(f"not measured: {_line(exc)}") if time_hint else out.hint
+                return out
+            chosen = faster(measured.ms)
+            record.update(chosen=chosen, ms=measured.ms)
+            out.decision = Decision(chosen, MEASURED, f"measured {said(measured.ms)} per inference, median of "
+                                                      f"{measured.runs} each, {measured.seconds:.2f} s: "
+                                                      f"{verdict(measured.ms, chosen)}", measured.ms, default)
+            latency = measured.compiled.pop(chosen)
+            measured.compiled.clear()  # the loser's memory goes now
+        out.compiled = latency
+        if time_hint:
+            chosen_precision = out.decision.properties if out.decision is not None else {}
+            try:
+                timed = time_hints(core, model, device, {**base, **chosen_precision}, feed, latency)
+            except TooLong as exc:
+                out.hint = _hint_default(f"not measured: {exc}, longer than {LONGEST_SECONDS:g} s for {MIN_RUNS} "
+                                         "rounds of each")
+                return out
+            except Exception as exc:
+                log.warning("%s: the untuned performance hint could not be measured (%s): LATENCY", path, _line(exc))
+                out.hint = _hint_default(f"the measurement failed: {_line(exc)}")
+                return out
+            won = faster_hint(timed.ms)
+            record.update(hint=won, hint_ms=timed.ms, in_flight=timed.in_flight)
+            out.hint = HintDecision(won, MEASURED, f"measured {said(timed.ms)} per inference with {timed.in_flight} "
+                                                   f"in flight beside a thread busy {BESIDE_SHARE:.0%} of a core, "
+                                                   f"median of {timed.runs} rounds each, "
+                                                   f"{timed.seconds:.2f} s: {hint_verdict(timed.ms, won)}",
+                                    timed.ms, timed.in_flight)
+            out.compiled = timed.compiled.pop(won)
+            timed.compiled.clear()
+    where = "not cached: no key"
+    busy = others_on_ours(cpu_before, cpu_seconds(), time.perf_counter() - started)
+    if busy > BUSY_CORES:
+        where = f"not cached: other processes took {busy:.2f} of a core of this process's CPUs meanwhile"
+    elif key:
         try:
             at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            remember(file, key, {"chosen": chosen, "ms": measured.ms, "model": str(path), "cpu": cpu_identity(),
-                                 "openvino": ov.get_version(), "at": at})
+            remember(file, key, {**record, "model": str(path), "cpu": cpu_identity(), "openvino": ov.get_version(),
+                                 "at": at})
+            where = f"cached in {file}"
         except Exception as exc:
             where = f"not cached: {_line(exc)}"
-    why = (f"measured {said(measured.ms)} per inference, median of {measured.runs} each, "
-           f"{measured.seconds:.2f} s: {verdict(measured.ms, chosen)}; {where}")
-    winner = measured.compiled.pop(chosen)
-    measured.compiled.clear()  # the loser's memory goes now
-    return Outcome(Decision(chosen, MEASURED, why, measured.ms, default), winner)
+    for name in ("decision", "hint"):  # the last measured decision says where it went
+        d = getattr(out, name)
+        if d is not None and d.source == MEASURED:
+            setattr(out, name, replace(d, why=f"{d.why}; {where}"))
+    return out
 
 
 def _line(exc: BaseException) -> str:

@@ -359,6 +359,10 @@ class OpenVINOModel:
         self.compile_seconds = 0.0
         #: the precision chosen for a model whose plugin_config names none (measure.py); kept for a recompile
         self.precision: measure.Decision | None = None
+        #: the performance hint chosen for a model whose plugin_config names none of untuned.TUNING_KEYS (untuned.py,
+        #: measured in measure.py); kept for a recompile
+        self.hint: measure.HintDecision | None = None
+        self._untuned_why = ""
         #: how the model was compiled, for the metadata's ``parameters`` (see _describe)
         self.described: dict[str, str | float | int] = {}
         #: running estimate of one inference's duration (seconds), inline or asynchronous; None until measured
@@ -449,12 +453,13 @@ class OpenVINOModel:
             work: untuned.Work | None = None
             if hint_free or (precision_free and self.precision is None):
                 work = untuned.work_of(model, max(opts.max_batch_size, 1))
+            measure_hint = False
             if hint_free:
-                self._choose_untuned(work, config, budget)
+                measure_hint = self._choose_untuned(work, config, budget)
             if "INFERENCE_NUM_THREADS" not in config:
                 self._fit_threads_to_quota(config, budget)
-            if precision_free:
-                compiled = self._choose_precision(model, work, config)
+            if precision_free or measure_hint:
+                compiled = self._measure_untuned(model, work, config, precision_free, measure_hint)
         config.setdefault("PERFORMANCE_HINT", "LATENCY")
         if compiled is None:
             try:
@@ -465,26 +470,48 @@ class OpenVINOModel:
         self.described = self._describe(compiled)
         return compiled
 
-    def _choose_untuned(self, work: untuned.Work | None, config: dict[str, Any], budget: cpus.CpuBudget) -> None:
-        """Properties for a model the user did not tune, from its work and the CPUs (see untuned.py)."""
+    def _choose_untuned(self, work: untuned.Work | None, config: dict[str, Any], budget: cpus.CpuBudget) -> bool:
+        """Properties for a model the user did not tune, from its work and the CPUs (see untuned.py); whether the
+        hint is to be measured (measure.py; LATENCY until then)."""
         choice = untuned.choose(work, budget.usable)
+        if choice.measure and self.hint is not None:  # a recompile: as measured at load
+            config.update(self.hint.properties)
+            return False
         config.update(choice.properties)
-        log.info("%s: untuned: %s (%s; set PERFORMANCE_HINT, NUM_STREAMS or INFERENCE_NUM_THREADS in "
-                 "plugin_config to choose)", self.path, choice.listed, choice.why)
+        if not choice.measure or not measure.enabled():
+            source = measure.DEFAULT if work is None or choice.measure else measure.RULE
+            self.hint = measure.HintDecision(str(choice.properties["PERFORMANCE_HINT"]), source, choice.why)
+            why = choice.why + ("; --untuned-measure off: OpenVINO's default" if choice.measure else "")
+            log.info("%s: untuned: %s (%s; set PERFORMANCE_HINT, NUM_STREAMS or INFERENCE_NUM_THREADS in "
+                     "plugin_config to choose)", self.path, choice.listed, why)
+            return False
+        self._untuned_why = choice.why.partition(": ")[0]  # the work and the CPUs; the measurement says the rest
+        return True
 
-    def _choose_precision(self, model: ov.Model, work: untuned.Work | None,
-                          config: dict[str, Any]) -> ov.CompiledModel | None:
-        """The inference precision for a model whose user did not choose it, measured on this CPU (measure.py),
-        into ``config``; the compiled model where measuring compiled it already. A recompile keeps the choice."""
-        if self.precision is not None:
+    def _measure_untuned(self, model: ov.Model, work: untuned.Work | None, config: dict[str, Any], precision: bool,
+                         hint: bool) -> ov.CompiledModel | None:
+        """The inference precision (``precision``) and the performance hint (``hint``) for a model whose user chose
+        neither, measured on this CPU (measure.py), into ``config``; the compiled model where measuring compiled it
+        already. A recompile keeps the choices."""
+        if precision and self.precision is not None:
             config.update(self.precision.properties)
+            precision = False
+        if not (precision or hint):
             return None
-        config.setdefault("PERFORMANCE_HINT", "LATENCY")  # what the model is served with, and so measured with
-        outcome = measure.choose(core(), model, self.path, config, work, max(self.options.max_batch_size, 1))
-        decision = self.precision = outcome.decision
-        config.update(decision.properties)
-        log.info("%s: untuned precision: %s (%s; set INFERENCE_PRECISION_HINT in plugin_config to choose)",
-                 self.path, decision.listed, decision.why)
+        if not hint:
+            config.setdefault("PERFORMANCE_HINT", "LATENCY")  # what the model is served with, and so measured with
+        outcome = measure.choose(core(), model, self.path, config, work, max(self.options.max_batch_size, 1),
+                                 precision=precision, hint=hint)
+        if outcome.decision is not None:
+            decision = self.precision = outcome.decision
+            config.update(decision.properties)
+            log.info("%s: untuned precision: %s (%s; set INFERENCE_PRECISION_HINT in plugin_config to choose)",
+                     self.path, decision.listed, decision.why)
+        if outcome.hint is not None:
+            chosen = self.hint = outcome.hint
+            config.update(chosen.properties)
+            log.info("%s: untuned: %s (%s: %s; set PERFORMANCE_HINT, NUM_STREAMS or INFERENCE_NUM_THREADS in "
+                     "plugin_config to choose)", self.path, chosen.listed, self._untuned_why, chosen.why)
         return outcome.compiled
 
     def _describe(self, compiled: ov.CompiledModel) -> dict[str, str | float | int]:
@@ -505,6 +532,14 @@ class OpenVINOModel:
             out["precision_chosen_by"] = self.precision.source
             for p, ms in self.precision.ms.items():
                 out[f"precision_ms_{p}"] = round(ms, 3)
+        if not untuned.untuned({str(k): v for k, v in self.options.plugin_config.items()}):
+            out["hint_chosen_by"] = "plugin_config"
+        elif self.hint is not None:
+            out["hint_chosen_by"] = self.hint.source
+            for h, ms in self.hint.ms.items():
+                out[f"hint_ms_{h.lower()}"] = round(ms, 3)
+            if self.hint.in_flight:
+                out["hint_in_flight"] = self.hint.in_flight
         return out
 
     def _fit_threads_to_quota(self, config: dict[str, Any], budget: cpus.CpuBudget) -> None:

@@ -6,23 +6,25 @@ and wastes two kinds of model (docs/performance.md "Defaults without tuning" has
 measurements):
 
 - **a model of microseconds** (``add``): a second thread only spins in TBB waiting for
-  work, while the server's own threads want the core. One thread.
+  work, while the server's own threads want the core. One thread, without measuring.
 - **a model of many small layers** (MobileNetV2: 53 convolutions of ~11 MFLOP): a LATENCY
   stream splits every layer across all its threads and ends it in a barrier, so a thread
   that loses its core for a moment (to the server's loop, to the client beside it)
   stalls all the others. THROUGHPUT gives each core a stream of its own, with nothing to
   wait for.
 
-The work is counted from the graph, not timed: the same model on the same machine always
-gets the same properties, which a probe inference on a busy node would not give. A
-layer is a Convolution, GroupConvolution, ConvolutionBackpropData or MatMul, whose
+Which of LATENCY and THROUGHPUT serves a model faster depends on the CPU as much as on
+the model (a rule of FLOPs per layer read from one Xeon did not hold on an AMD EPYC), so
+it is **measured** at load (measure.py), with the precision the model will be served in:
+:func:`choose` says only what needs no measurement. The work is counted from the graph:
+a layer is a Convolution, GroupConvolution, ConvolutionBackpropData or MatMul, whose
 multiply-adds follow from its static shapes; every other operation counts one FLOP per
 output element. The batch dimension counts as the largest batch the model will run
 (``max_batch_size`` with dynamic batching, else 1); a model with another dynamic
-dimension (an image of any size, a sequence of any length) has no fixed work and keeps
-OpenVINO's defaults.
+dimension (an image of any size, a sequence of any length) has no fixed work, cannot be
+timed on one input and keeps OpenVINO's defaults.
 
-**The precision** is not chosen here: it is measured on the CPU the server runs on (measure.py).
+**The precision** is measured too (measure.py), in the same measurement.
 
 A user's explicit setting always wins: any of :data:`TUNING_KEYS` in ``plugin_config``
 and the hint and threads are left alone; any of :data:`PRECISION_KEYS`, and the precision (measure.py).
@@ -42,11 +44,6 @@ PRECISION_KEYS = frozenset({"INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT"})
 #: An inference of less work than this takes microseconds on one core (~50 us at 20 GFLOP/s, inside the
 #: ~150 us under which the server runs it inline on its loop): one thread.
 TINY_FLOPS = 1e6
-#: A layer with less work than this per usable core ends before a barrier costs little beside it:
-#: THROUGHPUT. MobileNetV2 on 2 CPUs has ~5.7 MFLOP per layer per core (THROUGHPUT measured 0.49-0.79x raw
-#: against LATENCY's 0.40-0.50x); the bench's resnetish ~106 MFLOP (LATENCY as fast under load, and half
-#: the single-request latency). The line sits between them, nearer the small side.
-SMALL_LAYER_FLOPS_PER_CPU = 20e6
 #: Layers whose work is counted as multiply-adds; the first input is the data, the second the weights.
 LAYERS = frozenset({"Convolution", "GroupConvolution", "ConvolutionBackpropData", "MatMul"})
 _FREE = frozenset({"Parameter", "Constant", "Result", "Convert", "ShapeOf", "Reshape", "Squeeze", "Unsqueeze"})
@@ -68,10 +65,12 @@ class Work:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The properties chosen for an untuned model, and why, in words for the log."""
+    """The properties chosen for an untuned model, and why, in words for the log; ``measure``: the hint is to be
+    timed at load (measure.py), the properties being what stands if it is not."""
 
     properties: dict[str, str | int]
     why: str
+    measure: bool = False
 
     @property
     def listed(self) -> str:
@@ -161,19 +160,19 @@ def _weights(node: ov.Node) -> float:
 
 
 def choose(work: Work | None, cpus: int) -> Choice:
-    """The properties for a model of ``work`` on ``cpus`` usable CPUs (affinity and cgroup quota applied)."""
+    """The properties for a model of ``work`` on ``cpus`` usable CPUs (affinity and cgroup quota applied), where
+    they need no measurement; else LATENCY, OpenVINO's default, with ``measure`` set (measure.py times it)."""
     if work is None:
         return Choice({"PERFORMANCE_HINT": "LATENCY"}, "its work per inference is unknown (a dynamic dimension "
                                                        "other than the batch): OpenVINO's default")
     if work.flops < TINY_FLOPS:
         return Choice({"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1},
                       f"{mega(work.flops)} per inference, microseconds: one thread, no other to spin for it")
-    per_cpu = work.per_layer / max(cpus, 1)
-    shape = f"{mega(work.flops)} in {work.layers} layers, {mega(per_cpu)} per layer per CPU on {cpus} CPUs"
-    if cpus > 1 and work.layers > 1 and per_cpu < SMALL_LAYER_FLOPS_PER_CPU:
-        return Choice({"PERFORMANCE_HINT": "THROUGHPUT"},
-                      f"{shape}: small layers, each a barrier for a latency stream's threads; a stream per core")
-    return Choice({"PERFORMANCE_HINT": "LATENCY"}, f"{shape}: large layers, all threads on one inference")
+    shape = f"{mega(work.flops)} in {work.layers} layers"
+    if cpus <= 1:
+        return Choice({"PERFORMANCE_HINT": "LATENCY"}, f"{shape} on one CPU: one stream either way")
+    return Choice({"PERFORMANCE_HINT": "LATENCY"}, f"{shape} on {cpus} CPUs: LATENCY or THROUGHPUT, to be measured",
+                  measure=True)
 
 
 def untuned(plugin_config: dict[str, object]) -> bool:
