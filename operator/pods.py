@@ -247,7 +247,7 @@ def traced(container: dict[str, Any], spec: InferenceServiceSpec, component: str
               "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
               "OTEL_TRACES_SAMPLER_ARG": str(annotations.get(TRACE_SAMPLE_RATIO_ANNOTATION, "1")),
               "OTEL_SERVICE_NAME": f"{spec.name}-{component}"}
-    env = container.setdefault("env", [])
+    env = container["env"] = container.get("env") or []  # "env": null is an empty list to the API server
     given = {var.get("name") for var in env}
     env.extend({"name": name, "value": value} for name, value in wanted.items() if name not in given)
 
@@ -257,8 +257,9 @@ def draining(pod: dict[str, Any]) -> dict[str, Any]:
     (unless its env says otherwise), within a grace period that covers the delay and the drain (unless the
     component sets one). ``ovserve run`` leaves this out: no load balancer needs the time there."""
     main = pod["containers"][0]
-    env = main.setdefault("env", [])
+    env = main["env"] = main.get("env") or []  # "env": null is an empty list to the API server
     if not any(var.get("name") == DRAIN_ENV for var in env):
         env.append({"name": DRAIN_ENV, "value": str(DRAIN_DELAY_S)})
-    pod.setdefault("terminationGracePeriodSeconds", TERMINATION_GRACE_S)
+    if pod.get("terminationGracePeriodSeconds") is None:  # unset or null: the delay and the drain's
+        pod["terminationGracePeriodSeconds"] = TERMINATION_GRACE_S
     return pod

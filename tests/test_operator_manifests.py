@@ -284,3 +284,19 @@ def test_stale_children() -> None:
     foreign["metadata"].update(name="someone-else", ownerReferences=[{"uid": "other"}])
     gone = manifests.stale(with_transformer + [foreign], desired, "uid-transformer")
     assert {(c["kind"], c["metadata"]["name"]) for c in gone} == {(D, "classifier-transformer"), (S, "classifier-transformer")}
+
+
+def test_null_env_and_grace_period_are_unset_fields() -> None:
+    """``env: null`` and ``terminationGracePeriodSeconds: null`` in a user's container or pod mean unset, as the
+    API server reads them: the drain's variable and grace period are added (a null env made the builder fail;
+    found by the property tests)."""
+    isvc = load("custom")
+    isvc["spec"]["predictor"]["containers"][0]["env"] = None
+    isvc["spec"]["predictor"]["terminationGracePeriodSeconds"] = None
+    pod = build_doc(isvc)[(D, "custom-predictor")]["spec"]["template"]["spec"]
+    assert {"name": "OVSERVE_DRAIN_DELAY", "value": "5"} in pod["containers"][0]["env"]
+    assert isinstance(pod["terminationGracePeriodSeconds"], int) and pod["terminationGracePeriodSeconds"] > 5
+
+
+def build_doc(isvc: dict) -> dict[tuple[str, str], dict]:
+    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}
