@@ -30,8 +30,10 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .archives import (
@@ -199,29 +201,42 @@ def _source(src: str, dest: Path, sha256: str | None, opener: urllib.request.Ope
                        "local path)")
 
 
-# -- s3:// -------------------------------------------------------------------------------
+# -- s3:// and gs:// ----------------------------------------------------------------------
 
-def _s3_source(src: str, sha256: str | None) -> Fetch:
-    if importlib.util.find_spec("boto3") is None:
-        raise StorageError(f"{src}: s3:// needs boto3: pip install 'ovserve[s3]' (the server image has it)")
-    from . import storage_s3 as s3
+@dataclass(frozen=True)
+class _Bucket:
+    """What a bucket store's module (storage_s3, storage_gcs) gives :func:`_bucket_fetch`: the same flow for
+    both (list, check, fetch; one object's --sha256 and archive; errors on one line naming the URI)."""
 
+    scheme: str
+    client: Callable[[], tuple[Any, bool]]  # and whether its requests are anonymous
+    listing: Callable[[Any, str, str, Limits], list[Any]]
+    download: Callable[[Any, str, list[Any], Path], Iterable[tuple[Any, Path]]]
+    name: Callable[[Any], str]  # a listed object's full name (key)
+    is_library_error: Callable[[BaseException], bool]  # else an OSError is the disk's
+    describe: Callable[[BaseException], str]  # the library's error on one line
+    denied: tuple[str, ...]  # words of a refusal that an anonymous request explains
+    close: Callable[[Any], None] = lambda client: None
+
+
+def _bucket_source(src: str, sha256: str | None, store: _Bucket, parse: Callable[[str], tuple[str, str]]) -> Fetch:
     try:
-        bucket, prefix = s3.parse(src)
+        bucket, prefix = parse(src)
     except ObjectStoreError as exc:
         raise StorageError(str(exc)) from None
     expected = _expected_sha256(sha256, src.partition("#")[2], src)
-    where = f"s3://{bucket}/{prefix}"
+    where = f"{store.scheme}://{bucket}/{prefix}"
 
     def fetch(work: Path, tree: Path, limits: Limits) -> None:
-        client, anonymous = s3.client()
+        anonymous, client = False, None
         try:
-            objects = s3.listing(client, bucket, prefix, limits)
+            client, anonymous = store.client()
+            objects = store.listing(client, bucket, prefix, limits)
             single = objects[0].path == ""
             if expected is not None and not single:
-                raise s3.S3Error("is a folder of objects; --sha256 checks one object")
-            name = PurePosixPath(objects[0].key).name
-            for _, path in s3.download(client, bucket, objects, work if single and is_archive(name) else tree):
+                raise ObjectStoreError("is a folder of objects; --sha256 checks one object")
+            name = PurePosixPath(store.name(objects[0])).name
+            for _, path in store.download(client, bucket, objects, work if single and is_archive(name) else tree):
                 if single:
                     _check_sha256(_file_sha256(path), expected, where)
                     if is_archive(name):
@@ -230,17 +245,29 @@ def _s3_source(src: str, sha256: str | None) -> Fetch:
             raise
         except ObjectStoreError as exc:
             raise StorageError(f"{where}: {exc}") from None
-        except Exception as exc:  # botocore's and s3transfer's, on one line
-            if isinstance(exc, OSError) and not type(exc).__module__.startswith(("botocore", "s3transfer")):
+        except Exception as exc:  # the library's (and its HTTP stack's), on one line
+            if isinstance(exc, OSError) and not store.is_library_error(exc):
                 raise  # the disk's (no space, read-only): main() prints those as they are
-            why = s3.describe(exc)
-            if anonymous and ("AccessDenied" in why or "403" in why):
+            why = store.describe(exc)
+            if anonymous and any(word in why for word in store.denied):
                 why += " (no credentials were found, so the request was anonymous)"
             raise StorageError(f"{where}: {why}") from None
+        finally:
+            if client is not None:
+                store.close(client)
     return fetch
 
 
-# -- gs:// -------------------------------------------------------------------------------
+def _s3_source(src: str, sha256: str | None) -> Fetch:
+    if importlib.util.find_spec("boto3") is None:
+        raise StorageError(f"{src}: s3:// needs boto3: pip install 'ovserve[s3]' (the server image has it)")
+    from . import storage_s3 as s3
+
+    return _bucket_source(src, sha256, _Bucket(
+        "s3", s3.client, s3.listing, s3.download, lambda obj: obj.key,
+        lambda exc: type(exc).__module__.startswith(("botocore", "s3transfer")), s3.describe,
+        ("AccessDenied", "403")), s3.parse)
+
 
 def _gcs_source(src: str, sha256: str | None) -> Fetch:
     if importlib.util.find_spec("google.cloud.storage") is None:
@@ -248,42 +275,9 @@ def _gcs_source(src: str, sha256: str | None) -> Fetch:
                            "(the server image has it)")
     from . import storage_gcs as gcs
 
-    try:
-        bucket, prefix = gcs.parse(src)
-    except ObjectStoreError as exc:
-        raise StorageError(str(exc)) from None
-    expected = _expected_sha256(sha256, src.partition("#")[2], src)
-    where = f"gs://{bucket}/{prefix}"
-
-    def fetch(work: Path, tree: Path, limits: Limits) -> None:
-        anonymous, client = False, None
-        try:
-            client, anonymous = gcs.client()
-            objects = gcs.listing(client, bucket, prefix, limits)
-            single = objects[0].path == ""
-            if expected is not None and not single:
-                raise gcs.GCSError("is a folder of objects; --sha256 checks one object")
-            name = PurePosixPath(objects[0].name).name
-            for _, path in gcs.download(client, bucket, objects, work if single and is_archive(name) else tree):
-                if single:
-                    _check_sha256(_file_sha256(path), expected, where)
-                    if is_archive(name):
-                        _place(path, name, tree, limits)
-        except StorageError:
-            raise
-        except ObjectStoreError as exc:
-            raise StorageError(f"{where}: {exc}") from None
-        except Exception as exc:  # the library's, google-auth's and requests', on one line
-            if isinstance(exc, OSError) and not gcs.is_library_error(exc):
-                raise  # the disk's (no space, read-only): main() prints those as they are
-            why = gcs.describe(exc)
-            if anonymous and ("Forbidden" in why or "Unauthorized" in why):
-                why += " (no credentials were found, so the request was anonymous)"
-            raise StorageError(f"{where}: {why}") from None
-        finally:
-            if client is not None:
-                client.close()  # its connections and its bucket metadata cache
-    return fetch
+    return _bucket_source(src, sha256, _Bucket(
+        "gs", gcs.client, gcs.listing, gcs.download, lambda obj: obj.name, gcs.is_library_error, gcs.describe,
+        ("Forbidden", "Unauthorized"), lambda client: client.close()), gcs.parse)  # its connections, its caches
 
 
 # -- hf:// -------------------------------------------------------------------------------

@@ -322,6 +322,19 @@ class _Completions:
         for slot, finished in done:
             self._settle(slot, finished)
 
+    def detach(self) -> None:
+        """Reach the model no more (its model is unloaded and nothing of it is in flight). OpenVINO can keep a
+        copy of a request's completion callback in C++ after the request's callback was replaced, until an
+        executor thread lets go of its last task: seen holding an unloaded model, its compiled model and its
+        memory for over 10 s, about one load in ten (tests/test_threadstate.py)."""
+        self._settle = _settled_nothing
+        with self._lock:
+            self._done = []
+
+
+def _settled_nothing(slot: _Slot, finished: float) -> None:
+    """What a detached :class:`_Completions` settles: nothing (its model is gone)."""
+
 
 class OpenVINOModel:
     """One compiled model version with its pool of asynchronous infer requests.
@@ -579,6 +592,8 @@ class OpenVINOModel:
             self._watch.cancel()
             self._watch = None
         self._slots = []
+        if not self._unloaded:
+            self._detach_completions()
         self._idle.clear()
         self._compiled = None
         self.batcher = None
@@ -949,11 +964,19 @@ class OpenVINOModel:
                 self.release(fut.result())  # handed a slot just as we were cancelled
             raise
 
+    def _detach_completions(self) -> None:
+        """The model is unloaded and none of its inferences runs: its completions reach it no more."""
+        if self._completions is not None:
+            self._completions.detach()
+            self._completions = None
+
     def release(self, slot: _Slot) -> None:
         if slot not in self._slots:  # unloaded meanwhile
             if slot in self._unloaded:
                 self._unloaded.remove(slot)
             _retire(slot.request)
+            if not self._unloaded and not self._slots:  # the last of an unloaded model's inferences
+                self._detach_completions()
             return
         if slot.failed or slot.generation != self._generation:  # it failed, or it ran on a compiled model
             self._renew(slot)  # since replaced: a fresh infer request (see "Failed infer requests are discarded")
