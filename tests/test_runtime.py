@@ -225,8 +225,9 @@ def test_an_inference_of_milliseconds_never_blocks_the_loop(tmp_path: Path, hint
         await model.infer({"x": x})
         done.append(name)
 
-    async def main() -> None:
-        await asyncio.gather(one("slow", slow, _rows(2048, 1, width=512)), one("tiny", tiny, _rows(1, 2)))
+    async def main() -> None:  # 16,384 rows: ~100 ms on 2 cores, longer than the loop thread can be kept off a
+        # CPU by OpenVINO's threads (2,048 rows, ~15 ms, were sometimes over before the loop ran again)
+        await asyncio.gather(one("slow", slow, _rows(16384, 1, width=512)), one("tiny", tiny, _rows(1, 2)))
 
     asyncio.run(main())
     assert done == ["tiny", "slow"]
