@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: bash scripts/test.sh [--unit] [pytest args...]
-#   (default)  install ovserve with its test dependencies into .venv and run the whole suite (what CI runs)
+#   (default)  install ovserve with its test dependencies into .venv and run the whole suite (what CI runs), in
+#              three lanes (below); with pytest args, one pytest run of what they select
 #   --unit     the unit tier alone (tests/tiers.py: in-process tests, no server, no network), in seconds,
 #              with .venv as it is (made, or given the test extras, only if it lacks them): the fast loop
 # Any tier: .venv/bin/python -m pytest -m "integration" (unit, integration, operator, local, images, e2e, bench).
@@ -40,4 +41,34 @@ fi
 if ! bash scripts/image_testbed.sh >/dev/null; then
     echo "test.sh: the image test bed could not be set up (reason above); the images tier will skip" >&2
 fi
-exec .venv/bin/python -m pytest "$@"
+[ "$#" -gt 0 ] && exec .venv/bin/python -m pytest "$@"
+
+# The whole suite, in three lanes (docs/design.md, "Tests, in tiers"). The tiers that mostly wait (the images'
+# build and containers, the cluster's pods, the operator's API server) run in a second pytest beside the rest,
+# whose output is shown when both have ended; the tests that hold a bound on time (marker `timing`) run last,
+# alone. OVSERVE_JUNIT_DIR=DIR writes each lane's JUnit XML there.
+WAITING="images or e2e or operator"
+lane() {  # NAME MARKERS: one pytest run; its exit status, "no tests" counted as passed
+    local name=$1 markers=$2 junit=()
+    [ -n "${OVSERVE_JUNIT_DIR:-}" ] && junit=("--junitxml=$OVSERVE_JUNIT_DIR/$name.xml")
+    local rc=0
+    .venv/bin/python -m pytest -m "$markers" "${junit[@]}" || rc=$?
+    [ "$rc" -eq 5 ] && rc=0
+    return "$rc"
+}
+beside=$(mktemp -t ovserve-lane-waiting.XXXXXX.log)
+started=$(date +%s)
+lane waiting "$WAITING" >"$beside" 2>&1 &
+waiting_pid=$!
+trap 'pkill -TERM -P "$waiting_pid" 2>/dev/null; kill "$waiting_pid" 2>/dev/null || true' EXIT
+rc_main=0; lane main "not ($WAITING) and not timing" || rc_main=$?
+rc_waiting=0; wait "$waiting_pid" || rc_waiting=$?
+trap - EXIT
+echo
+echo "==== lane 'waiting' ($WAITING), run beside the one above; its output: ===="
+cat "$beside"
+rm -f "$beside"
+echo "==== lane 'timing': the tests that hold a bound on time, alone ===="
+rc_timing=0; lane timing "timing and not ($WAITING)" || rc_timing=$?
+echo "test.sh: lanes main $rc_main, waiting $rc_waiting, timing $rc_timing; $(( $(date +%s) - started )) s in all"
+[ "$rc_main" -eq 0 ] && [ "$rc_waiting" -eq 0 ] && [ "$rc_timing" -eq 0 ]

@@ -45,6 +45,14 @@ MODULE_TIERS: dict[str, str] = {
     "test_cluster": "e2e",
 }
 
+#: modules whose tests hold a bound on time (another client's latency during an attack, a drain's deadline, a
+#: queue that must fill, the loop never blocked, a measured choice): ``scripts/test.sh`` runs them in a lane of
+#: their own, after the lanes that share the machine (marker ``timing``; not a tier: a test keeps its tier)
+TIMING_MODULES = frozenset({
+    "test_grpc_door", "test_grpc_fuzz", "test_grpc_stress", "test_lifecycle", "test_runtime", "test_shedding",
+    "test_threadstate", "test_untuned", "test_untuned_precision",
+})
+
 #: fixtures (tests/conftest.py) that start a server (a process; s3: moto's S3 server on a thread)
 SERVER_FIXTURES = frozenset({"server", "echo_server", "start_server", "s3"})
 
@@ -61,9 +69,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if len(tiers) > 1:
             raise pytest.UsageError(f"{item.nodeid} is in more than one tier: {sorted(tiers)}")
         if not tiers:
-            module = item.nodeid.split("::")[0].rpartition("/")[2].removesuffix(".py")
-            tier = MODULE_TIERS.get(module) or ("integration" if SERVER_FIXTURES & set(item.fixturenames) else "unit")
+            tier = MODULE_TIERS.get(module_of(item)) or ("integration" if SERVER_FIXTURES & set(item.fixturenames) else "unit")
             item.add_marker(tier)
+        if module_of(item) in TIMING_MODULES:
+            item.add_marker("timing")
+
+
+def module_of(item: pytest.Item) -> str:
+    """The test module's name, e.g. ``test_lifecycle``."""
+    return item.nodeid.split("::")[0].rpartition("/")[2].removesuffix(".py")
 
 
 class OutOfProcessInUnitTier(AssertionError):
