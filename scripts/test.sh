@@ -44,15 +44,16 @@ fi
 [ "$#" -gt 0 ] && exec .venv/bin/python -m pytest "$@"
 
 # The whole suite, in three lanes (docs/design.md, "Tests, in tiers"). The tiers that mostly wait (the images'
-# build and containers, the cluster's pods, the operator's API server) run in a second pytest beside the rest,
-# whose output is shown when both have ended; the tests that hold a bound on time (marker `timing`) run last,
+# build and containers, the cluster's pods, the operator's API server) run in a second pytest beside the rest
+# (itself on two pytest-xdist workers, a module to a worker), whose output is shown when both have ended; the tests that hold a bound on time (marker `timing`) run last,
 # alone. OVSERVE_JUNIT_DIR=DIR writes each lane's JUnit XML there.
 WAITING="images or e2e or operator"
-lane() {  # NAME MARKERS: one pytest run; its exit status, "no tests" counted as passed
+lane() {  # NAME MARKERS [PYTEST ARGS]: one pytest run; its exit status, "no tests" counted as passed
     local name=$1 markers=$2 junit=()
+    shift 2
     [ -n "${OVSERVE_JUNIT_DIR:-}" ] && junit=("--junitxml=$OVSERVE_JUNIT_DIR/$name.xml")
     local rc=0
-    .venv/bin/python -m pytest -m "$markers" "${junit[@]}" || rc=$?
+    .venv/bin/python -m pytest -m "$markers" "${junit[@]}" "$@" || rc=$?
     [ "$rc" -eq 5 ] && rc=0
     return "$rc"
 }
@@ -61,7 +62,7 @@ started=$(date +%s)
 lane waiting "$WAITING" >"$beside" 2>&1 &
 waiting_pid=$!
 trap 'pkill -TERM -P "$waiting_pid" 2>/dev/null; kill "$waiting_pid" 2>/dev/null || true' EXIT
-rc_main=0; lane main "not ($WAITING) and not timing" || rc_main=$?
+rc_main=0; lane main "not ($WAITING) and not timing" -n 2 --dist loadfile || rc_main=$?
 rc_waiting=0; wait "$waiting_pid" || rc_waiting=$?
 trap - EXIT
 echo
