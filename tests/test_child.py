@@ -62,6 +62,7 @@ def test_a_failed_wait_says_why_with_the_log() -> None:
         silent.stop()
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_stop_kills_what_ignores_sigterm_and_its_whole_group() -> None:
     child = Child(python(IGNORES_SIGTERM))
     grandchild = int(child.wait_log(r"^grandchild \d+$").split()[1])

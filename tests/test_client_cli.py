@@ -298,6 +298,7 @@ def silent_port() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 @pytest.mark.integration
 @pytest.mark.parametrize("scheme", ["grpc", "http"])
 def test_no_server_and_a_silent_one(scheme: str, silent_port: int) -> None:

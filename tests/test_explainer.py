@@ -316,6 +316,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens there once the socket is closed
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_predictor_down_is_503_within_seconds():
     explainer = ExplainerProcess("linear", f"127.0.0.1:{_closed_port()}", "--predictor_request_timeout_seconds", "5")
     try:

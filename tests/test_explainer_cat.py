@@ -144,6 +144,7 @@ def test_png_reply_is_the_input_size_and_the_old_default_stays_selectable(explai
     assert picture is not None and picture.shape == (SIZE, SIZE, 3)
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_deadline_is_504_and_the_explainer_keeps_serving(explainer, cat):
     # 56 x 56 patches of 4 pixels: 3136 copies in 49 calls of 64, far more than 0.3 s of work on this machine.
     heavy = {"patch_size": 4, "batch_size": 64, "max_calls": 60, "timeout_seconds": 0.3}

@@ -250,6 +250,7 @@ def test_a_health_watch_streams_until_the_client_cancels_it(loop_server: ServerP
     assert_serving(loop_server)
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_a_deadline_shorter_than_the_call_ends_it_deadline_exceeded(tmp_path: Path) -> None:
     """grpc-timeout is the server's too: a handler still running at the deadline is cancelled and the call
     ends DEADLINE_EXCEEDED from the server (a raw client, which keeps no deadline of its own, reads it)."""

@@ -264,6 +264,7 @@ def test_the_torchserve_and_grpc_ports_can_be_fixed(demo: Path, files: Path) -> 
 
 # -- stopping ------------------------------------------------------------------------
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_http_port_is_honored_and_ctrl_c_stops_everything(demo: Path, files: Path) -> None:
     (port,) = free_ports(1)
     run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"), "--http-port", str(port))
@@ -283,6 +284,7 @@ def test_http_port_is_honored_and_ctrl_c_stops_everything(demo: Path, files: Pat
     assert "ovserve run: stopping" in run.output
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_sigterm_stops_everything(demo: Path, files: Path) -> None:
     run = OvserveRun(example("demo-add.yaml", files, f"file://{demo / 'add_one'}"))
     try:
@@ -297,6 +299,7 @@ def test_sigterm_stops_everything(demo: Path, files: Path) -> None:
     assert_all_gone(children, ports, workdir)
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_ctrl_c_while_the_model_is_still_being_fetched(files: Path, tmp_path: Path) -> None:
     """A storage initializer that never finishes (an http server that never answers) is stopped too."""
     silent = socket.create_server(("127.0.0.1", 0))

@@ -530,6 +530,7 @@ def test_curl_over_http2_and_tls_gets_grpc_answers(mtls: ServerProcess, certs: C
     assert pb.ServerReadyResponse.FromString(reply[5:]).ready is True
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_sigterm_closes_idle_tls_connections_at_once_and_answers_the_busy_one(certs: Certs, tmp_path: Path) -> None:
     """An idle keep-alive TLS connection (a pooling client, a load balancer) does not hold the exit: it took
     the whole grace period (25 s) and logged "timeout graceful shutdown exceeded", since asyncio's TLS

@@ -436,6 +436,7 @@ def test_predictor_down_then_back(protocol: str, repo: Path) -> None:
             second.stop()
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_sigterm_exits_zero_within_seconds(predictor: ServerProcess) -> None:
     proc = TransformerProcess("--model_name", "matmul", "--predictor_host",
                               f"127.0.0.1:{predictor.rest_port}").wait_ready()
@@ -503,6 +504,7 @@ def test_concurrent_requests_through_one_transformer(transformer: TransformerPro
         assert all(pool.map(one, range(64)))
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_predictor_that_hangs_is_a_504_not_a_hang(repo: Path) -> None:
     slow = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", *EXACT]).wait_ready()
     proc = TransformerProcess("--model_name", "matmul", "--predictor_host", f"127.0.0.1:{slow.rest_port}",
@@ -525,6 +527,7 @@ def test_predictor_that_hangs_is_a_504_not_a_hang(repo: Path) -> None:
         slow.stop()
 
 
+@pytest.mark.timing  # a bound on time (tests/tiers.py): run alone
 def test_sigterm_lets_the_request_in_flight_finish(predictor: ServerProcess, handlers: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
