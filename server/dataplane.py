@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 from .errors import Unsupported
 from .types import (
@@ -106,8 +106,8 @@ class DataPlane(abc.ABC):
 
 
 # -- the extensions: a component offers each or not ------------------------------------------------
-# Runtime-checkable, for the transports' question; abstract, so a class that declares one and misses a
-# method cannot be made.
+# Runtime-checkable, for the transports' question (issubclass); abstract, so a class that declares one
+# and misses a method cannot be made.
 
 @runtime_checkable
 class Explains(Protocol):
@@ -189,24 +189,27 @@ REFUSALS: Mapping[type, str] = {
 
 
 # -- what the transports call to ask ----------------------------------------------------------------
+# The class is asked, not the instance: what a component offers is its type's to say, and issubclass is
+# answered from the ABC cache (under 1 us) where isinstance on a runtime protocol checks every member
+# (10-20 us on Python 3.11).
 def explainer_of(plane: DataPlane, model: str) -> Explains:
     """``plane`` as the explainer of ``model``, or refused (:func:`refused`)."""
-    if isinstance(plane, Explains):
-        return plane
+    if issubclass(type(plane), Explains):
+        return cast(Explains, plane)
     raise refused(plane, Explains, model)
 
 
 def repository_of(plane: DataPlane, model: str = "") -> ModelRepository:
     """``plane`` as its model repository (asked about ``model``, when a call names one), or refused."""
-    if isinstance(plane, ModelRepository):
-        return plane
+    if issubclass(type(plane), ModelRepository):
+        return cast(ModelRepository, plane)
     raise refused(plane, ModelRepository, model)
 
 
 def statistics_of(plane: DataPlane, model: str = "") -> Statistics:
     """``plane`` as its statistics (asked about ``model``, when a call names one), or refused."""
-    if isinstance(plane, Statistics):
-        return plane
+    if issubclass(type(plane), Statistics):
+        return cast(Statistics, plane)
     raise refused(plane, Statistics, model)
 
 
