@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from ovserve.common.codecs.tensors import encoding_parameters
 
 from . import tracing
 from .codecs.images import check_count, decode_images
-from .dataplane import DataPlane
+from .dataplane import DataPlane, ModelRepository, Statistics
 from .errors import FailedPrecondition, InvalidInput, NotFound, ServerError, Unavailable
 from .handoff import Handoff
 from .repository.manager import ModelManager, ModelVersion
@@ -34,8 +34,6 @@ from .types import (
     InferResponse,
     ModelMetadata,
     PortInfo,
-    Registration,
-    Scaling,
     ServerMetadata,
     Tensor,
     VersionStatistics,
@@ -64,7 +62,10 @@ def served_by_handler(mv: ModelVersion) -> FailedPrecondition:
                               "OpenVINO model): use TorchServe's Predictions")
 
 
-class ModelServer(DataPlane):
+class ModelServer(DataPlane, ModelRepository, Statistics):
+    """The core data plane, the model repository and statistics extensions; TorchServe's extension is its
+    :attr:`handlers` (:class:`~.torchserve.registry.HandlerRegistry`), over the same models."""
+
     def __init__(self, manager: ModelManager, store: Store | None = None, work: Path | None = None,
                  model_api: bool = False, remove_work: bool = False, metrics: Metrics | None = None,
                  registered_defaults: LoadOptions | None = None, ts_policy: WorkerPolicy | None = None) -> None:
@@ -78,9 +79,10 @@ class ModelServer(DataPlane):
         if metrics is not None:
             metrics.resolve = self._serving_label
             metrics.collect("ovserve_model_version_state", self._version_states)
-        #: TorchServe's handlers and model management, over the same models
+        #: the TorchServe extension: TorchServe's handlers and model management, over the same models
         self.handlers = HandlerRegistry(manager, self.infer, store, work, model_api, remove_work=remove_work,
-                                        registered_defaults=registered_defaults, policy=ts_policy)
+                                        registered_defaults=registered_defaults, policy=ts_policy,
+                                        on_default=self._default_changed)
         # OpenCV releases the GIL: requests' images decode off the loop, a batch's images in parallel.
         self._decode_requests = Handoff(os.cpu_count() or 2, "ovserve-images")
         self._decoders = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ovserve-decode")
@@ -224,36 +226,6 @@ class ModelServer(DataPlane):
     async def unload_model(self, name: str) -> None:
         await self.manager.unload(name)
 
-    # -- the TorchServe extension ------------------------------------------------
-    async def predict(self, name: str, version: str, inputs: Mapping[str, bytes], headers: Headers,
-                      sequence_id: str = "", send: Callable[[bytes], None] | None = None) -> bytes:
-        return await self.handlers.predict(name, version, inputs, headers, sequence_id, send)
-
-    def handlers_healthy(self) -> bool:
-        return self.handlers.healthy()
-
-    async def register_model(self, registration: Registration) -> str:
-        return await self.handlers.register(registration)
-
-    async def unregister_model(self, name: str, version: str = "") -> str:
-        return await self.handlers.unregister(name, version)
-
-    async def scale_workers(self, scaling: Scaling) -> str:
-        return await self.handlers.scale(scaling)
-
-    def list_models(self, limit: int, token: int) -> dict[str, Any]:
-        return self.handlers.list_models(limit, token)
-
-    async def describe_model(self, name: str, version: str = "",
-                             customized: bool = False) -> list[dict[str, Any]]:
-        return await self.handlers.describe(name, version, customized)
-
-    def set_default_version(self, name: str, version: str) -> str:
-        answer = self.handlers.set_default(name, version)
-        if self.metrics is not None:
-            self.metrics.changed(name)
-        return answer
-
     # -- statistics, and metrics (only while they are on) -----------------------------------------
     def _state_changed(self, mv: ModelVersion) -> None:
         """A version's state changed: once AVAILABLE, its model gets the version's statistics and, with
@@ -280,6 +252,11 @@ class ModelServer(DataPlane):
             for series in metrics.versions_of(mv.name):
                 if series.owner is mv:  # not a reloaded twin that took over the same version
                     series.live = series.owner = None
+
+    def _default_changed(self, name: str) -> None:
+        """TorchServe's SetDefault chose another default version of ``name``."""
+        if self.metrics is not None:
+            self.metrics.changed(name)
 
     def _serving_label(self, name: str, version: str) -> str | None:
         """The label of the version a request for ``name`` ``version`` goes to (None: none would)."""

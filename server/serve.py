@@ -87,12 +87,13 @@ def build(settings: Settings) -> Server:
                                        settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
     # TorchServe's two gRPC APIs, each on a listener of its own (as TorchServe serves them)
     if settings.ts_inference_port is not None:
-        listeners.append((GrpcListener("ts-inference", "TorchServe gRPC inference", [ts_inference.service(dataplane)],
+        listeners.append((GrpcListener("ts-inference", "TorchServe gRPC inference",
+                                       [ts_inference.service(dataplane, dataplane.handlers)],
                                        settings.max_request_bytes, settings.grpc_engine, gate),
                           settings.ts_inference_port))
     if settings.ts_management_port is not None:
         listeners.append((GrpcListener("ts-management", "TorchServe gRPC management",
-                                       [ts_management.service(dataplane)], settings.max_request_bytes,
+                                       [ts_management.service(dataplane.handlers)], settings.max_request_bytes,
                                        settings.grpc_engine, gate), settings.ts_management_port))
     if dataplane.metrics is not None:
         monitoring.add_listeners(listeners, dataplane, settings)

@@ -16,6 +16,7 @@ from google.protobuf import descriptor_pb2
 
 from ovserve.common.proto.descriptor_set import FILES
 from ovserve.server.components.transformer import Transformer, TransformerDataPlane
+from ovserve.server.dataplane import statistics_of
 from ovserve.server.errors import NotFound, Unsupported
 from ovserve.server.metrics.families import DEFAULT
 from ovserve.server.metrics.registry import Metrics
@@ -118,8 +119,8 @@ def test_the_rest_document_is_tritons_shape() -> None:
 def test_a_transformer_says_to_ask_its_predictor() -> None:
     plane = TransformerDataPlane("m", Transformer(), predictor=None)
     with pytest.raises(Unsupported, match="ask its predictor"):
-        plane.model_statistics()
+        statistics_of(plane)
     with pytest.raises(Unsupported, match="ask its predictor"):
-        plane.model_statistics("m", "1")
+        statistics_of(plane, "m")
     with pytest.raises(NotFound):
-        plane.model_statistics("other")
+        statistics_of(plane, "other")

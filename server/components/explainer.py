@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import ProcessSettings
+from ..dataplane import Explains
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
 from ..flags import add_process_flags, boolean, env_default, process_settings
 from ..process import configure_logging, run_event_loop
@@ -186,7 +187,7 @@ class _Calls:
         self.planned, self.done = planned, 0
 
 
-class Explainer(TransformerDataPlane):
+class Explainer(TransformerDataPlane, Explains):
     """The explainer's data plane: the transformer's, with the pass-through handler (health, the predictor's
     metadata, infer and predict straight to the predictor; ready only while the predictor's model is), plus explain."""
 

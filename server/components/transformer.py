@@ -36,9 +36,9 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -46,13 +46,12 @@ from ovserve.common import requestids
 from ovserve.common.codecs.datatypes import numpy_dtype, v2_datatype
 from ovserve.common.codecs.tensors import encoding_parameters, reply_parameters
 
-from ..dataplane import DataPlane
-from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable, Unsupported
+from ..dataplane import DataPlane, ModelRepository, Statistics
+from ..errors import InternalError, InvalidInput, NotFound, ServerError, Unavailable
 from ..gate.accesslog import sane
 from ..types import (
     Dim,
     Headers,
-    IndexEntry,
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -60,7 +59,6 @@ from ..types import (
     RequestedOutput,
     ServerMetadata,
     Tensor,
-    VersionStatistics,
     VersionStatus,
 )
 from ..version import __version__
@@ -175,12 +173,22 @@ def load_handler(spec: str | None) -> Transformer:
 
 # -- the data plane ------------------------------------------------------------
 class TransformerDataPlane(DataPlane):
-    """Health, metadata (the predictor's), infer through the handler; no repository of its own."""
+    """Health, metadata (the predictor's), infer through the handler: the core data plane alone.
+
+    No model repository of its own and no statistics (its requests are the predictor's to count); no
+    explainer: :attr:`refusals` tell the client where to ask."""
 
     #: the predictor's inputs are only hints: the handler may take other inputs and make them
     exact_inputs = False
     #: the component's own logger (the explainer, built on this class, logs as ovserve.explainer)
     log = log
+    #: Statistics are not forwarded: the predictor's count the predictor's own requests (this transformer's
+    #: and any other client's): forwarded, they would pass the predictor's off as this component's.
+    refusals: ClassVar[Mapping[type, str]] = {
+        ModelRepository: "a transformer has no model repository; ask the predictor",
+        Statistics: "{server} runs no model and keeps no inference statistics; "
+                    "ask its predictor (GET /v2/models/stats, gRPC ModelStatistics)",
+    }
 
     def __init__(self, model_name: str, handler: Transformer, predictor: Any, *, health_check: bool = False,
                  poll_interval: float = 1.0) -> None:
@@ -286,24 +294,6 @@ class TransformerDataPlane(DataPlane):
         md = self.model_metadata(name, version)
         return [PortInfo(s.name, s.datatype, tuple(Dim(d, d) if d >= 0 else Dim(1, -1) for d in s.shape), i)
                 for i, s in enumerate(md.inputs)]
-
-    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
-        raise Unsupported("a transformer has no model repository; ask the predictor")
-
-    async def load_model(self, name: str) -> None:
-        self.check_name(name)
-        raise Unsupported("a transformer has no model repository; ask the predictor")
-
-    async def unload_model(self, name: str) -> None:
-        await self.load_model(name)
-
-    def model_statistics(self, name: str = "", version: str = "") -> list[VersionStatistics]:
-        """Not forwarded: the predictor's statistics count the predictor's own requests (this transformer's
-        and any other client's): forwarded, they would pass the predictor's off as this component's; ask it."""
-        if name:
-            self.check_name(name)
-        raise Unsupported(f"{self.server_metadata().name} runs no model and keeps no inference statistics; "
-                          "ask its predictor (GET /v2/models/stats, gRPC ModelStatistics)")
 
     # -- inference -----------------------------------------------------------
     async def _stage(self, stage: str, fn: Any, arg: Any, headers: Headers) -> Any:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..dataplane import TorchServe
 from ..errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -108,12 +109,16 @@ class Entry:
     unpacked: Path | None = None  # the folder the registration was unpacked into (removed with it)
 
 
-class HandlerRegistry:
+class HandlerRegistry(TorchServe):
+    """The TorchServe extension of the model server: handlers over its models, and their management."""
+
     def __init__(self, manager: ModelManager, infer: Infer, store: Store | None = None, work: Path | None = None,
                  model_api: bool = False, default_workers: Callable[[ModelVersion], int] | None = None,
                  remove_work: bool = False, registered_defaults: LoadOptions | None = None,
-                 policy: WorkerPolicy | None = None) -> None:
+                 policy: WorkerPolicy | None = None, on_default: Callable[[str], None] | None = None) -> None:
         self.manager = manager
+        #: told the name of a model whose default version SetDefault changed (the model server's metrics)
+        self.on_default = on_default
         self.policy = policy or WorkerPolicy()
         #: how a registered model loads: the server's model flags (device, nireq, plugin config, batching,
         #: --max-queued-requests), as for every repository model, less those that name one model's shapes
@@ -414,6 +419,8 @@ class HandlerRegistry:
         if mv.status.state is not State.AVAILABLE:
             raise Unavailable(f"model {name!r} version {version} is {mv.status.state.value}")
         self.manager.defaults[name] = number
+        if self.on_default is not None:
+            self.on_default(name)
         return f'Default version successfully updated for model "{name}" to "{version}"'
 
     def list_models(self, limit: int, token: int) -> dict[str, Any]:

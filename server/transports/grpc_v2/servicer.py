@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from ovserve.common.proto import grpc_predict_v2_pb2 as pb
 from ovserve.common.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
-from ...dataplane import DataPlane
+from ...dataplane import DataPlane, repository_of, statistics_of
 from ...gate import MANAGEMENT, OPEN, Access
 from ...metrics import calls
 from ..grpc.calls import Metadata, Observed, Servicer, bidi, enter, in_band, unary
@@ -116,25 +116,26 @@ class InferenceServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     @unary
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: Any) -> pb.ModelStatisticsResponse:
-        return converters.statistics_to_pb(self.dp.model_statistics(request.name, request.version))
+        return converters.statistics_to_pb(
+            statistics_of(self.dp, request.name).model_statistics(request.name, request.version))
 
     @unary
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
-        for row in self.dp.repository_index(request.ready):
+        for row in repository_of(self.dp).repository_index(request.ready):
             resp.models.add(name=row.name, version=row.version, state=row.state, reason=row.reason)
         return resp
 
     @unary
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   context: Any) -> pb.RepositoryModelLoadResponse:
-        await self.dp.load_model(request.model_name)
+        await repository_of(self.dp, request.model_name).load_model(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     @unary
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
-        await self.dp.unload_model(request.model_name)
+        await repository_of(self.dp, request.model_name).unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
 

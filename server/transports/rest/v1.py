@@ -9,6 +9,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...codecs import v1
+from ...dataplane import explainer_of
 from ...errors import InvalidInput, Unavailable
 from ...types import TensorSpec
 from .codec import parse_json
@@ -72,7 +73,7 @@ async def explain(request: Request) -> Response:
     name, doc = await _v1_request(request)
     dp.model_ready(name)  # 404 for an unknown model before the body is looked at
     req = v1.decode_request(name, doc, await _specs(request, name), dp.exact_inputs)
-    e = await dp.explain(req, doc.get("parameters") or {}, request.headers)
+    e = await explainer_of(dp, name).explain(req, doc.get("parameters") or {}, request.headers)
     return explanation_response(request, e) or json_response(v1_explanation(e))
 
 

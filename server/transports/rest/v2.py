@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ...dataplane import explainer_of, repository_of, statistics_of
 from ...types import Duration, InferRequest, InferResponse, VersionStatistics
 from .codec import HEADER, decode_headerless, decode_infer_request, encode_infer_response, parse_json
 from .explain import explanation_response, v2_explanation
@@ -90,7 +91,8 @@ async def infer(request: Request) -> Response:
 
 async def explain(request: Request) -> Response:
     req = await _decode(request)
-    e = await dataplane(request).explain(req, dict(req.parameters), request.headers)
+    explainer = explainer_of(dataplane(request), req.model_name)
+    e = await explainer.explain(req, dict(req.parameters), request.headers)
     return explanation_response(request, e) or _encoded(v2_explanation(e, req.id), req)
 
 
@@ -98,17 +100,19 @@ async def repository_index(request: Request) -> Response:
     body = await read_body(request, request.app.state.max_request_bytes)
     doc = parse_json(body) if body.strip() else {}
     ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
-    rows = dataplane(request).repository_index(ready_only)
+    rows = repository_of(dataplane(request)).repository_index(ready_only)
     return json_response([{"name": r.name, "version": r.version, "state": r.state, "reason": r.reason} for r in rows])
 
 
 async def repository_load(request: Request) -> Response:
-    await dataplane(request).load_model(request.path_params["model"])
+    name = request.path_params["model"]
+    await repository_of(dataplane(request), name).load_model(name)
     return json_response({})
 
 
 async def repository_unload(request: Request) -> Response:
-    await dataplane(request).unload_model(request.path_params["model"])
+    name = request.path_params["model"]
+    await repository_of(dataplane(request), name).unload_model(name)
     return json_response({})
 
 
@@ -142,7 +146,8 @@ def statistics_document(stats: list[VersionStatistics]) -> dict[str, Any]:
 
 async def model_statistics(request: Request) -> Response:
     p = request.path_params
-    stats = dataplane(request).model_statistics(p.get("model", ""), p.get("version", ""))
+    name = p.get("model", "")
+    stats = statistics_of(dataplane(request), name).model_statistics(name, p.get("version", ""))
     return json_response(statistics_document(stats))
 
 

@@ -23,7 +23,7 @@ from google.rpc import error_details_pb2, status_pb2
 from ovserve.common.proto.torchserve import inference_pb2 as pb
 from ovserve.common.proto.torchserve import inference_pb2_grpc as pb_grpc
 
-from ...dataplane import DataPlane
+from ...dataplane import DataPlane, TorchServe
 from ...errors import Overloaded, ServerError
 from ...gate import OPEN, Access
 from ...metrics import calls
@@ -44,28 +44,29 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
     observed: ClassVar[Mapping[str, Observed]] = {"Predictions": Observed(calls.TS_PREDICTIONS),
                                                   "StreamPredictions": Observed(calls.TS_STREAM)}
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, handlers: TorchServe) -> None:
         super().__init__()
         self.dp = dataplane
+        self.handlers = handlers
         self.metrics = dataplane.metrics
 
     @unary
     async def Ping(self, request: Any, context: Any) -> pb.TorchServeHealthResponse:
-        healthy = self.dp.server_ready() and self.dp.handlers_healthy()
+        healthy = self.dp.server_ready() and self.handlers.healthy()
         return pb.TorchServeHealthResponse(health=json.dumps({"status": "Healthy" if healthy else "Unhealthy"},
                                                              indent=2))
 
     @unary
     async def Predictions(self, request: pb.PredictionsRequest, context: Any) -> pb.PredictionResponse:
-        body = await self.dp.predict(request.model_name, request.model_version, request.input, Metadata(context),
-                                     request.sequence_id)
+        body = await self.handlers.predict(request.model_name, request.model_version, request.input,
+                                           Metadata(context), request.sequence_id)
         return pb.PredictionResponse(prediction=body)
 
     @streaming
     async def StreamPredictions(self, request: pb.PredictionsRequest,
                                 context: Any) -> AsyncIterator[pb.PredictionResponse]:
         """Every intermediate message in order, then the handler's answer, then OK."""
-        async with contextlib.aclosing(_answers(self.dp, request, context, request.sequence_id)) as answers:
+        async with contextlib.aclosing(_answers(self.handlers, request, context, request.sequence_id)) as answers:
             async for chunk in answers:
                 yield pb.PredictionResponse(prediction=chunk)
 
@@ -79,7 +80,8 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
                 seq = msg.sequence_id if msg.HasField("sequence_id") else None
                 counted = None if self.metrics is None else _counted(self.metrics, msg, time.perf_counter())
                 try:
-                    async with contextlib.aclosing(_answers(self.dp, msg, context, seq or "", counted)) as answers:
+                    answering = _answers(self.handlers, msg, context, seq or "", counted)
+                    async with contextlib.aclosing(answering) as answers:
                         async for chunk in answers:
                             yield pb.PredictionResponse(prediction=chunk, sequence_id=seq)
                 except Exception as exc:
@@ -88,13 +90,13 @@ class InferenceServicer(Servicer, pb_grpc.InferenceAPIsServiceServicer):
             self.in_flight.leave()
 
 
-async def _answers(dp: DataPlane, msg: pb.PredictionsRequest, context: Any, sequence_id: str,
+async def _answers(handlers: TorchServe, msg: pb.PredictionsRequest, context: Any, sequence_id: str,
                    on_done: Callable[[asyncio.Future[bytes]], None] | None = None) -> AsyncGenerator[bytes, None]:
     """One request's messages from its handler: each intermediate one as it comes, then the answer
     (raising what the handler raised); the handler's call is cancelled if the stream ends first."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    call = asyncio.ensure_future(dp.predict(msg.model_name, msg.model_version, msg.input, Metadata(context),
-                                            sequence_id, queue.put_nowait))
+    call = asyncio.ensure_future(handlers.predict(msg.model_name, msg.model_version, msg.input, Metadata(context),
+                                                  sequence_id, queue.put_nowait))
     call.add_done_callback(lambda _: queue.put_nowait(_DONE))
     if on_done is not None:
         call.add_done_callback(on_done)
@@ -126,6 +128,8 @@ def _counted(metrics: Metrics, msg: pb.PredictionsRequest, started: float) -> An
     return done
 
 
-def service(dataplane: DataPlane) -> Service:
-    """TorchServe's inference API, for a :class:`~..grpc.listener.GrpcListener`."""
-    return Service(SERVICE_NAME, InferenceServicer(dataplane), pb_grpc.add_InferenceAPIsServiceServicer_to_server)
+def service(dataplane: DataPlane, handlers: TorchServe) -> Service:
+    """TorchServe's inference API over ``handlers`` (Ping asks ``dataplane`` too), for a
+    :class:`~..grpc.listener.GrpcListener`."""
+    return Service(SERVICE_NAME, InferenceServicer(dataplane, handlers),
+                   pb_grpc.add_InferenceAPIsServiceServicer_to_server)

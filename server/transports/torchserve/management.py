@@ -13,7 +13,7 @@ from typing import Any
 from ovserve.common.proto.torchserve import management_pb2 as pb
 from ovserve.common.proto.torchserve import management_pb2_grpc as pb_grpc
 
-from ...dataplane import DataPlane
+from ...dataplane import TorchServe
 from ...gate import MANAGEMENT
 from ...types import Registration, Scaling
 from ..grpc.calls import Servicer, unary
@@ -30,13 +30,13 @@ class ManagementServicer(Servicer, pb_grpc.ManagementAPIsServiceServicer):
     service_name = SERVICE_NAME
     default_access = MANAGEMENT  # every method: the management tokens, as TorchServe's management key
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, handlers: TorchServe) -> None:
         super().__init__()
-        self.dp = dataplane
+        self.handlers = handlers
 
     @unary
     async def RegisterModel(self, request: pb.RegisterModelRequest, context: Any) -> pb.ManagementResponse:
-        return _msg(await self.dp.register_model(Registration(
+        return _msg(await self.handlers.register(Registration(
             url=request.url, model_name=request.model_name, handler=request.handler,
             initial_workers=request.initial_workers, batch_size=request.batch_size,
             max_batch_delay_ms=request.max_batch_delay, response_timeout_s=request.response_timeout,
@@ -44,28 +44,28 @@ class ManagementServicer(Servicer, pb_grpc.ManagementAPIsServiceServicer):
 
     @unary
     async def UnregisterModel(self, request: pb.UnregisterModelRequest, context: Any) -> pb.ManagementResponse:
-        return _msg(await self.dp.unregister_model(request.model_name, request.model_version))
+        return _msg(await self.handlers.unregister(request.model_name, request.model_version))
 
     @unary
     async def ScaleWorker(self, request: pb.ScaleWorkerRequest, context: Any) -> pb.ManagementResponse:
-        return _msg(await self.dp.scale_workers(Scaling(
+        return _msg(await self.handlers.scale(Scaling(
             request.model_name, request.model_version, request.min_worker, request.max_worker,
             request.synchronous, request.timeout)))
 
     @unary
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ManagementResponse:
-        return _msg(json.dumps(self.dp.list_models(request.limit, request.next_page_token), indent=2))
+        return _msg(json.dumps(self.handlers.list_models(request.limit, request.next_page_token), indent=2))
 
     @unary
     async def DescribeModel(self, request: pb.DescribeModelRequest, context: Any) -> pb.ManagementResponse:
-        return _msg(json.dumps(await self.dp.describe_model(request.model_name, request.model_version,
+        return _msg(json.dumps(await self.handlers.describe(request.model_name, request.model_version,
                                                            request.customized), indent=2))
 
     @unary
     async def SetDefault(self, request: pb.SetDefaultRequest, context: Any) -> pb.ManagementResponse:
-        return _msg(self.dp.set_default_version(request.model_name, request.model_version))
+        return _msg(self.handlers.set_default(request.model_name, request.model_version))
 
 
-def service(dataplane: DataPlane) -> Service:
-    """TorchServe's management API, for a :class:`~..grpc.listener.GrpcListener`."""
-    return Service(SERVICE_NAME, ManagementServicer(dataplane), pb_grpc.add_ManagementAPIsServiceServicer_to_server)
+def service(handlers: TorchServe) -> Service:
+    """TorchServe's management API over ``handlers``, for a :class:`~..grpc.listener.GrpcListener`."""
+    return Service(SERVICE_NAME, ManagementServicer(handlers), pb_grpc.add_ManagementAPIsServiceServicer_to_server)
