@@ -206,7 +206,7 @@ def gone(pid: int, within: float = 10.0) -> bool:
             with open(f"/proc/{pid}/stat", encoding="ascii") as f:
                 if f.read().split(") ")[1].startswith("Z"):
                     return True  # exited, not yet reaped
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone; ESRCH when it went during the read
             return True
         time.sleep(0.05)
     return False

@@ -45,6 +45,9 @@ log = logging.getLogger("ovserve.torchserve")
 
 #: how long a worker asked to stop may take to finish its batch and exit before it is killed
 STOP_GRACE_S = 5.0
+#: a worker whose socket closed inside a message and that has exited within this long died (SIGKILL, the OOM
+#: killer): its exit is reported, not a protocol break
+DIED_WITHIN_S = 2.0
 _READ_LIMIT = 1 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -251,6 +254,9 @@ class ProcessRunner:
                     raise wire.WireError(f"unknown message {op!r}")
         except (EOFError, ConnectionError):
             pass
+        except wire.CutShort as exc:
+            if not await self._exits_within(DIED_WITHIN_S):
+                self._break(str(exc))
         except (wire.WireError, ArenaError) as exc:
             self._break(str(exc))
         why = self._broke or self._stopping or exit_text(await self._exit_code())
@@ -303,6 +309,14 @@ class ProcessRunner:
             await self._writer.drain()
 
     # -- ending ------------------------------------------------------------------------------
+    async def _exits_within(self, seconds: float) -> bool:
+        """Whether the process exits (or has) within ``seconds``."""
+        try:
+            await asyncio.wait_for(self._proc.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
     async def _exit_code(self) -> int | None:
         """The process's exit status, once it has exited (killed if it lingers past the grace)."""
         try:

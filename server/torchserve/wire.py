@@ -46,6 +46,10 @@ class WireError(Exception):
     """The peer sent something that is not a message (or closed the socket inside one)."""
 
 
+class CutShort(WireError):
+    """The peer's socket closed inside a message: a broken peer, or one that died mid-message."""
+
+
 def frame(header: Mapping[str, Any], parts: Sequence[bytes | bytearray | memoryview] = ()) -> list[bytes | memoryview]:
     """A message as the buffers to write, in order (the parts are not copied)."""
     head = orjson.dumps(header, option=orjson.OPT_NON_STR_KEYS)
@@ -111,7 +115,7 @@ async def read(reader: asyncio.StreamReader) -> tuple[Header, Parts]:
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             raise EOFError("the worker closed its socket") from None
-        raise WireError("the worker closed its socket inside a message") from None
+        raise CutShort("the worker closed its socket inside a message") from None
     _checked(head_len, count)
     try:
         header = _header(await reader.readexactly(head_len))
@@ -122,7 +126,7 @@ async def read(reader: asyncio.StreamReader) -> tuple[Header, Parts]:
                 raise WireError(f"a message part of {n} bytes is past the bound")
             parts.append(await reader.readexactly(n))
     except asyncio.IncompleteReadError:
-        raise WireError("the worker closed its socket inside a message") from None
+        raise CutShort("the worker closed its socket inside a message") from None
     return header, parts
 
 
