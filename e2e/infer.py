@@ -25,7 +25,7 @@ def wait_ready(client, model: str, timeout: float) -> None:
         try:
             if client.is_server_live() and client.is_model_ready(model):
                 return
-        except Exception as exc:  # noqa: BLE001 - a port-forward that is still coming up
+        except Exception as exc:
             last = exc
         else:
             last = "not ready"

@@ -10,8 +10,8 @@ import os
 # ("Epoll1Poller ... epoll_wait error: Bad file descriptor", exit -6; test_child.py has the reproduction).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from pathlib import Path  # noqa: E402
-from typing import Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings

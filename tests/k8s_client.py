@@ -11,8 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
@@ -175,7 +175,7 @@ class Operator:
         self.proc: subprocess.Popen | None = None
         self.logfile = workdir / "operator.log"
 
-    def start(self) -> "Operator":
+    def start(self) -> Operator:
         (self.port,) = free_ports(1)  # kopf's health endpoint cannot report a port 0 back
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env["KUBECONFIG"] = str(self.kubeconfig)
@@ -234,7 +234,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="module")
-def kube(cluster: ControlPlane) -> "Kube":
+def kube(cluster: ControlPlane) -> Kube:
     """The API as cluster admin."""
     return Kube(cluster.url, cluster.admin_token)
 

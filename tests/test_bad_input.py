@@ -17,8 +17,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np

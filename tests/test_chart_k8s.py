@@ -18,9 +18,19 @@ import pytest
 
 from . import k8s, tools
 from .k8s import ControlPlane, kubeconfig
-from .k8s_client import cluster, kube  # noqa: F401  (module fixtures)
-from .k8s_client import (Kube, Operator, deploy_path, eventually, example, isvc_path, roll_out, svc_path,
-                         wait_condition)
+from .k8s_client import (  # noqa: F401  (module fixtures)
+    Kube,
+    Operator,
+    cluster,
+    deploy_path,
+    eventually,
+    example,
+    isvc_path,
+    kube,
+    roll_out,
+    svc_path,
+    wait_condition,
+)
 
 HELM, HELM_MISSING = tools.helm()
 KUBECTL, KUBECTL_MISSING = tools.kubectl()
@@ -79,7 +89,7 @@ def allowed(kube: Kube, sa: str, verb: str, group: str, resource: str, namespace
                                   "system:authenticated"],
                        "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
                                               "subresource": sub, "namespace": namespace}}}
-    return kube.create(f"/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get("allowed", False)
+    return kube.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get("allowed", False)
 
 
 # A refusal as the API server words it ("... is forbidden: User ...", reason Forbidden), as the

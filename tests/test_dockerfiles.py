@@ -148,8 +148,8 @@ def test_server_ports_are_the_servers_and_the_operators() -> None:
     assert re.search(r"--grpc-port.*?default 8081\]", help_text, re.S), help_text
     # and what the operator puts in predictor pods
     from ovserve.operator import manifests
-    from ovserve.operator.validation import validate
     from ovserve.operator.config import Config
+    from ovserve.operator.validation import validate
     isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 1},
             "spec": {"predictor": {"model": {"modelFormat": {"name": "openvino"}, "storageUri": "pvc://c/m"}}}}

@@ -17,8 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import cv2
 import numpy as np
@@ -26,7 +26,6 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 import requests
-
 
 from . import models
 from .servers import EXACT, ExplainerProcess, ServerProcess

@@ -19,7 +19,8 @@ import json
 import re
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np

@@ -192,7 +192,7 @@ def well_behaved(draw: st.DrawFn) -> list[bytes]:
         elif step == "settings":
             pairs = draw(st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 5, 6]), st.integers(0, 1 << 20)), max_size=3))
             out.append(frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", k, v) for k, v in pairs
-                                                      if (k != 2 or v <= 1) and (k != 5 or 16384 <= v))))
+                                                      if (k != 2 or v <= 1) and (k != 5 or v >= 16384))))
         elif step == "ping":
             out.append(frame(PING, 0, 0, draw(st.binary(min_size=8, max_size=8))))
         elif step == "priority":
@@ -259,7 +259,7 @@ class Reader:
             self.sock.settimeout(min(left, 0.5))
             try:
                 chunk = self.sock.recv(1 << 16)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:  # reset
                 self.closed = True

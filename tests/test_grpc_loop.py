@@ -13,8 +13,8 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import grpc
 import hpack
@@ -101,7 +101,7 @@ class RawConnection:
             assert time.monotonic() < deadline, "the server neither answered nor closed"
             try:
                 chunk = self.sock.recv(1 << 16)
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 return
             if not chunk:
                 return

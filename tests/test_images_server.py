@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -294,7 +295,7 @@ def _rest_raw(srv: ServerProcess, model: str, images: list[bytes], outputs: list
 def _rest_raw_no_size(srv: ServerProcess, model: str, images: list[bytes], outputs: list[str]) -> dict[str, np.ndarray]:
     """A single binary input may leave out binary_data_size."""
     inp = {"name": IMAGE, "datatype": "BYTES", "shape": [len(images)]}
-    resp = rest_binary(srv, model, [inp], [length_prefixed(images)], {o: False for o in outputs})
+    resp = rest_binary(srv, model, [inp], [length_prefixed(images)], dict.fromkeys(outputs, False))
     _raise_rest(resp)
     return rest_outputs(resp)
 

@@ -10,14 +10,13 @@ import time
 
 import pytest
 
+from ovserve.common.exposition import Family, render
 from ovserve.server.errors import InvalidInput
 from ovserve.server.metrics import calls as registry
 from ovserve.server.metrics import families
 from ovserve.server.metrics.config import configure
-from ovserve.server.metrics.families import DEFAULT, parse_list
+from ovserve.server.metrics.families import DEFAULT, OVMS_BOUNDS_US, parse_list
 from ovserve.server.metrics.registry import Metrics
-from ovserve.common.exposition import Family, render
-from ovserve.server.metrics.families import OVMS_BOUNDS_US
 
 #: the bounds OVMS prints (its docs/metrics_output.out), le="10" ... le="1474755971"
 OVMS_PRINTED = [10, 18, 32, 58, 104, 188, 340, 612, 1101, 1983, 3570, 6426, 11568, 20822, 37481, 67466, 121439,

@@ -11,18 +11,37 @@ Deployment's ``status`` (and, for pod problems, create a pod and patch its
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import (DATA, IMAGE, ISVC, Kube, KubeError, Operator, conditions, deploy_path, eventually,
-                         example, hpa_path, isvc_path, operator_kubeconfig, roll_out, service_account_kubeconfig,
-                         svc_path, wait_condition)
+from .k8s_client import (  # noqa: F401  (fixtures)
+    DATA,
+    IMAGE,
+    ISVC,
+    Kube,
+    KubeError,
+    Operator,
+    cluster,
+    conditions,
+    crd,
+    deploy_path,
+    eventually,
+    example,
+    hpa_path,
+    isvc_path,
+    kube,
+    ns,
+    operator_kubeconfig,
+    roll_out,
+    service_account_kubeconfig,
+    svc_path,
+    wait_condition,
+)
 
 pytestmark = [pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]

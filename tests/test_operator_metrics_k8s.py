@@ -13,8 +13,20 @@ from ovserve.server.child import free_ports
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import Kube, Operator, deploy_path, eventually, example, isvc_path, operator_kubeconfig, svc_path
+from .k8s_client import (  # noqa: F401  (fixtures)
+    Kube,
+    Operator,
+    cluster,
+    crd,
+    deploy_path,
+    eventually,
+    example,
+    isvc_path,
+    kube,
+    ns,
+    operator_kubeconfig,
+    svc_path,
+)
 
 pytestmark = [pytest.mark.operator,
               pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),

@@ -13,17 +13,30 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import (Kube, Operator, deploy_path, eventually, example, isvc_path, operator_kubeconfig,
-                         roll_out, svc_path, wait_condition)
+from .k8s_client import (  # noqa: F401  (fixtures)
+    Kube,
+    Operator,
+    cluster,
+    crd,
+    deploy_path,
+    eventually,
+    example,
+    isvc_path,
+    kube,
+    ns,
+    operator_kubeconfig,
+    roll_out,
+    svc_path,
+    wait_condition,
+)
 
 pytestmark = [pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]

@@ -15,9 +15,21 @@ import pytest
 from . import k8s
 from .client_proxies import make_certs
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import (Kube, Operator, deploy_path, eventually, example, isvc_path, operator_kubeconfig, svc_path,
-                         wait_condition)
+from .k8s_client import (  # noqa: F401  (fixtures)
+    Kube,
+    Operator,
+    cluster,
+    crd,
+    deploy_path,
+    eventually,
+    example,
+    isvc_path,
+    kube,
+    ns,
+    operator_kubeconfig,
+    svc_path,
+    wait_condition,
+)
 
 pytestmark = [pytest.mark.operator,
               pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),

@@ -14,9 +14,10 @@ import copy
 import json
 import signal
 import unicodedata
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

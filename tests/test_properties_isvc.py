@@ -29,7 +29,8 @@ from ovserve.operator import manifests, validation
 from ovserve.operator.config import Config
 from ovserve.operator.local import plan as local_plan
 from ovserve.operator.local.plan import RunError
-from ovserve.operator.storage_uri import BadStorageUri, plan as storage_plan
+from ovserve.operator.storage_uri import BadStorageUri
+from ovserve.operator.storage_uri import plan as storage_plan
 
 CFG = Config(image="registry.example.com/ovserve:0.1.0", image_pull_policy="IfNotPresent")
 K8S_VERSION = "1.31"

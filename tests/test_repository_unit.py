@@ -8,8 +8,8 @@ the ``ovserve serve`` flags with their ``OVSERVE_*`` environment variables.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import openvino as ov
 import pytest
 
 from ovserve.server import cli, flags

@@ -22,8 +22,8 @@ import pytest
 from ovserve.server import cpus
 from ovserve.server.errors import FailedPrecondition, InvalidInput
 from ovserve.server.repository.config import parse_config
-from ovserve.server.runtime import shapecheck
 from ovserve.server.runtime import openvino as rt
+from ovserve.server.runtime import shapecheck
 from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
 
 from . import models
@@ -516,7 +516,7 @@ def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
     assert model._watch is None  # nothing running: no timer left behind
     refusals = [r for r in caplog.records if "cannot compute inputs" in r.getMessage()]
     assert len(refusals) == 5 + 6  # one line per failed request
-    assert model.cost is not None and model.cost > 1e-6 or inline_below == 0.0  # failures are not measured
+    assert (model.cost is not None and model.cost > 1e-6) or inline_below == 0.0  # failures are not measured
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -20,8 +20,8 @@ import sys
 import tarfile
 import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import given, settings

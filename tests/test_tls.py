@@ -29,8 +29,8 @@ from ovserve.server import tls as server_tls
 from ovserve.server.config import TlsOverride, parse_tls_override
 
 from . import models
-from .clients import curl_grpc
 from .client_proxies import CLIENT_CN, Certs, make_certs, needs_openssl
+from .clients import curl_grpc
 from .servers import EXACT, ServerProcess
 from .tls_tools import (
     BODY,

@@ -18,13 +18,12 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
 import requests
-
 
 from . import models
 from .clients import post

@@ -10,7 +10,7 @@ examples do.
 from __future__ import annotations
 
 import base64
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest

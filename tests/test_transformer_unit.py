@@ -13,8 +13,8 @@ import pytest
 import ovserve.client as pc
 from ovserve.client import errors as client_errors
 from ovserve.client import rest_wire
-from ovserve.server.components.transformer import TransformerDataPlane, load_handler, tensor, Transformer
 from ovserve.server.codecs import v1
+from ovserve.server.components.transformer import Transformer, TransformerDataPlane, load_handler, tensor
 from ovserve.server.errors import InvalidInput, ServerError, grpc_status, http_status
 from ovserve.server.transports.rest.codec import decode_infer_request, encode_infer_response
 from ovserve.server.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor, TensorSpec

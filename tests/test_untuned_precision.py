@@ -270,7 +270,7 @@ def test_a_measurement_on_a_busy_machine_is_kept_but_not_cached(
 
 
 # -- a real server ----------------------------------------------------------------------------------------
-def _metadata(server, name: str) -> dict:  # noqa: ANN001
+def _metadata(server, name: str) -> dict:
     reply = requests.get(f"{server.url}/v2/models/{name}", timeout=10)
     assert reply.status_code == 200, reply.text
     return reply.json()

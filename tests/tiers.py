@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
