@@ -27,6 +27,11 @@ settings.register_profile("ovserve", deadline=None, suppress_health_check=[Healt
                           derandomize=bool(os.environ.get("CI")), print_blob=True)
 settings.load_profile("ovserve")
 
+# Fixtures other modules share, registered once here rather than imported into each test module (which
+# pyflakes reads as an unused import shadowed by the test's argument): the control plane, its client and a
+# namespace per test (tests/k8s_client.py), and the client tests' transformer, image server and certificates
+# (tests/client_fixtures.py). A module that defines a fixture of the same name keeps its own.
+pytest_plugins = ["tests.k8s_client", "tests.client_fixtures"]
 
 
 @pytest.fixture(scope="session")

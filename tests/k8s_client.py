@@ -223,7 +223,7 @@ class Operator:
                 self.proc.wait()
 
 
-# -- fixtures (imported by the test modules that need a control plane) -----------
+# -- fixtures (registered by tests/conftest.py's pytest_plugins; module-scoped: a control plane per module) --
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A fresh control plane for one test module."""

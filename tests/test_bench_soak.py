@@ -30,7 +30,7 @@ def _soak(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, "-m", "bench.soak", "--out", str(tmp_path), "--json", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 

@@ -164,7 +164,7 @@ def _request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRequest:
 
 def _outputs(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return {o.name: np.frombuffer(raw, np.float32).reshape(list(o.shape))
-            for o, raw in zip(resp.outputs, resp.raw_output_contents)}
+            for o, raw in zip(resp.outputs, resp.raw_output_contents, strict=True)}
 
 
 _GRPC_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.INTERNAL: 500}
@@ -312,7 +312,7 @@ def test_one_bad_member_of_a_batch_fails_alone(fault_server: ServerProcess, tran
     calls = [lambda g=g: send(fault_server, "by_value_batched", g) for g in goods[:2]]
     calls += [lambda: send(fault_server, "by_value_batched", bad), lambda: send(fault_server, "by_value_batched", goods[2])]
     results = _concurrently(*calls)
-    for good, (status, outputs) in zip(goods[:2] + [None, goods[2]], results):
+    for good, (status, outputs) in zip(goods[:2] + [None, goods[2]], results, strict=True):
         if good is None:
             assert status == 400 and REFUSED in outputs, (status, outputs)
         else:
@@ -404,7 +404,7 @@ def test_a_value_that_failed_a_batch_fails_no_later_batch(fault_server: ServerPr
         results = _concurrently(*calls, stagger=0.001)
         bad_status, bad_error = results.pop(2)
         assert bad_status == 400 and REFUSED in bad_error, (bad_status, bad_error)
-        for good, (status, outputs) in zip(goods, results):
+        for good, (status, outputs) in zip(goods, results, strict=True):
             assert status == 200, outputs
             np.testing.assert_array_equal(outputs["y"], good["x"])
     for i in range(6):

@@ -382,7 +382,7 @@ def test_grayscale_model_gets_a_grayscale_decode(image_server: ServerProcess, se
 @pytest.mark.parametrize("sender", SENDERS)
 def test_dynamic_hw_takes_images_of_one_size_unresized(image_server: ServerProcess, sender: str) -> None:
     colours = [(1, 2, 3), (250, 128, 0), (40, 50, 60)]
-    images = [encode(solid(13, 21, c), ext) for c, ext in zip(colours, (".png", ".jpg", ".png"))]
+    images = [encode(solid(13, 21, c), ext) for c, ext in zip(colours, (".png", ".jpg", ".png"), strict=True)]
     got = SENDERS[sender](image_server, "dyn", images, ["mean", "hw"])
     np.testing.assert_array_equal(got["hw"], [13, 21])
     np.testing.assert_allclose(got["mean"], colours, atol=JPEG_TOLERANCE)

@@ -19,23 +19,19 @@ import yaml
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import (  # noqa: F401  (fixtures)
+from .k8s_client import (
     DATA,
     IMAGE,
     ISVC,
     Kube,
     KubeError,
     Operator,
-    cluster,
     conditions,
-    crd,
     deploy_path,
     eventually,
     example,
     hpa_path,
     isvc_path,
-    kube,
-    ns,
     operator_kubeconfig,
     roll_out,
     service_account_kubeconfig,

@@ -13,17 +13,13 @@ from ovserve.server.child import free_ports
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import (  # noqa: F401  (fixtures)
+from .k8s_client import (
     Kube,
     Operator,
-    cluster,
-    crd,
     deploy_path,
     eventually,
     example,
     isvc_path,
-    kube,
-    ns,
     operator_kubeconfig,
     svc_path,
 )

@@ -21,17 +21,13 @@ import requests
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import (  # noqa: F401  (fixtures)
+from .k8s_client import (
     Kube,
     Operator,
-    cluster,
-    crd,
     deploy_path,
     eventually,
     example,
     isvc_path,
-    kube,
-    ns,
     operator_kubeconfig,
     roll_out,
     svc_path,

@@ -15,17 +15,13 @@ import pytest
 from . import k8s
 from .client_proxies import make_certs
 from .k8s import ControlPlane
-from .k8s_client import (  # noqa: F401  (fixtures)
+from .k8s_client import (
     Kube,
     Operator,
-    cluster,
-    crd,
     deploy_path,
     eventually,
     example,
     isvc_path,
-    kube,
-    ns,
     operator_kubeconfig,
     svc_path,
     wait_condition,

@@ -261,7 +261,7 @@ def test_binary_extension_round_trips(inputs: list, large: bool) -> None:
     with json_path(large):
         request = codec.decode_infer_request("m", "", header + payload, str(len(header)))
     assert [t.name for t in request.inputs] == [f"in{i}" for i in range(len(inputs))]
-    for got, ((datatype, shape, values), _) in zip(request.inputs, inputs):
+    for got, ((datatype, shape, values), _) in zip(request.inputs, inputs, strict=True):
         assert_tensor(got.data, datatype, shape, values)
 
 
@@ -330,7 +330,8 @@ def test_v1_instances_round_trip(tensor: tuple, named: bool) -> None:
 @example(doc={"inputs": {"a": [[True, 2]]}}, datatypes=["INT32"])
 @example(doc={"instances": [{"a": [1.0], "b": [None]}]}, datatypes=["FP32", "FP32"])
 def test_v1_documents_decode_or_are_refused(doc: Any, datatypes: list[str]) -> None:
-    ports = [PortInfo(name, dt, (Dim(0, -1), Dim(0, -1)), i) for i, (name, dt) in enumerate(zip("ab", datatypes))]
+    ports = [PortInfo(name, dt, (Dim(0, -1), Dim(0, -1)), i)
+             for i, (name, dt) in enumerate(zip("ab", datatypes, strict=False))]  # one or two inputs
     try:
         request = v1.decode_request("m", doc, [p.spec for p in ports])
     except ServerError:
@@ -479,7 +480,7 @@ def test_grpc_converters_in_a_process_of_their_own() -> None:
     env = {**os.environ, "OVSERVE_TEST_OWN_PROTO": "1"}
     result = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
                              "-k", "grpc_pb", "-W", "error::pytest.PytestUnknownMarkWarning"],
-                            capture_output=True, text=True, env=env, timeout=280)
+                            capture_output=True, text=True, env=env, timeout=280, check=False)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
 
@@ -562,7 +563,7 @@ def test_grpc_pb_tensors_round_trip(inputs: list, typed: bool) -> None:
             req.raw_input_contents.append(raw_of(datatype, shape, values))
     request = converters.request_from_pb(pb.ModelInferRequest.FromString(req.SerializeToString()))
     assert converters.used_typed_contents(req) == typed
-    for got, (datatype, shape, values) in zip(request.inputs, inputs):
+    for got, (datatype, shape, values) in zip(request.inputs, inputs, strict=True):
         assert (got.datatype, got.shape) == (datatype, shape)
         assert_tensor(got.data, datatype, shape, values)
 

@@ -170,7 +170,7 @@ def test_unreachable_host(tmp_path: Path) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ovserve.server", "storage-initializer", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_command(site: str, tmp_path: Path) -> None:
@@ -307,7 +307,7 @@ def run_measured(*args: str) -> tuple[subprocess.CompletedProcess, int]:
     if not Path("/proc/self/io").exists():
         pytest.skip("no /proc/self/io here to count the bytes written")
     done = subprocess.run([sys.executable, "-c", PROBE, "storage-initializer", *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     wchar = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("wchar ")]
     assert wchar, done
     return done, wchar[0]

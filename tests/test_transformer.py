@@ -221,7 +221,7 @@ def test_v1_predict_with_curl(transformer: TransformerProcess) -> None:
     body = json.dumps({"instances": X.tolist()})
     out = subprocess.run([curl, "-s", "-m", "20", "-X", "POST", "-H", "Content-Type: application/json",
                           "-d", body, transformer.url + "/v1/models/matmul:predict"],
-                         capture_output=True, text=True, timeout=30)
+                         capture_output=True, text=True, timeout=30, check=False)
     preds = json.loads(out.stdout)["predictions"]
     np.testing.assert_allclose(np.array(preds), expected(X), rtol=1e-5)
 
@@ -371,7 +371,7 @@ def test_async_handler_exception_over_grpc_is_internal(predictor: ServerProcess,
 def test_bad_handler_exits_at_start(spec: str, words: list[str], handlers: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "ovserve.server", "transformer", "--handler", spec,
                           "--model_name", "m", "--predictor_host", "127.0.0.1:9", "--http_port", "0"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(handlers)})
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(handlers)}, check=False)
     assert out.returncode != 0
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, out.stderr
@@ -382,7 +382,7 @@ def test_handler_with_a_syntax_error(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("def broken(:\n")
     out = subprocess.run([sys.executable, "-m", "ovserve.server", "transformer", "--handler",
                           f"{tmp_path / 'bad.py'}:X", "--model_name", "m", "--predictor_host", "h"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode != 0 and "SyntaxError" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
