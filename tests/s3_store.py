@@ -55,8 +55,8 @@ def start(ir: dict[str, bytes]) -> Iterator[S3]:
              "aws_secret_access_key": "setup"}
     iam = boto3.client("iam", **setup)
     keys = {}
-    for user, policy in (("reader", '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", '
-                                    '"Action": "s3:*", "Resource": "*"}]}'), ("nobody", None)):
+    for user, policy in (("reader", ('{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", '
+                                    '"Action": "s3:*", "Resource": "*"}]}')), ("nobody", None)):
         iam.create_user(UserName=user)
         if policy:
             iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=policy)

@@ -133,7 +133,7 @@ def test_children_start_while_grpc_is_busy_on_other_threads() -> None:
     anything imports grpc, as bench/__init__.py does; a starter with this environment loses no child.
     Without the setting this fails nearly every time (150 spawns)."""
     assert os.environ.get("GRPC_ENABLE_FORK_SUPPORT") == "false"
-    spawner = Child(python(SPAWNS_BESIDE_GRPC) + ["150"], name="spawner", merge_output=True)
+    spawner = Child([*python(SPAWNS_BESIDE_GRPC), "150"], name="spawner", merge_output=True)
     try:
         line = spawner.wait_log(r"^failed \d+", timeout=120)
     finally:

@@ -312,7 +312,7 @@ def test_one_bad_member_of_a_batch_fails_alone(fault_server: ServerProcess, tran
     calls = [lambda g=g: send(fault_server, "by_value_batched", g) for g in goods[:2]]
     calls += [lambda: send(fault_server, "by_value_batched", bad), lambda: send(fault_server, "by_value_batched", goods[2])]
     results = _concurrently(*calls)
-    for good, (status, outputs) in zip(goods[:2] + [None, goods[2]], results, strict=True):
+    for good, (status, outputs) in zip([*goods[:2], None, goods[2]], results, strict=True):
         if good is None:
             assert status == 400 and REFUSED in outputs, (status, outputs)
         else:

@@ -282,7 +282,7 @@ def test_stale_children() -> None:
     desired = manifests.children(validate(isvc), CFG)
     foreign = copy.deepcopy(with_transformer[0])
     foreign["metadata"].update(name="someone-else", ownerReferences=[{"uid": "other"}])
-    gone = manifests.stale(with_transformer + [foreign], desired, "uid-transformer")
+    gone = manifests.stale([*with_transformer, foreign], desired, "uid-transformer")
     assert {(c["kind"], c["metadata"]["name"]) for c in gone} == {(D, "classifier-transformer"), (S, "classifier-transformer")}
 
 

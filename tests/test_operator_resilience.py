@@ -261,7 +261,7 @@ def test_killed_mid_reconcile(kube: Kube, operator: Operator, ns: str) -> None:
         assert {c["type"] for c in status["conditions"]} == {"PredictorReady", "TransformerReady", "ExplainerReady",
                                                              "Ready"}
     # nothing else was made: no duplicate, no orphan
-    assert {k for k in map(tuple, [(o["kind"], o["metadata"]["name"]) for o in owned(kube, ns)])} == \
+    assert set(map(tuple, [(o["kind"], o["metadata"]["name"]) for o in owned(kube, ns)])) == \
         set().union(*(expected(name) for name in counts))
 
     # deleting them after all this collects everything

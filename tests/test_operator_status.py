@@ -113,7 +113,7 @@ def test_container_problem(p: dict, want: tuple[str, list[str]] | None) -> None:
 
 
 PULLING = pod(main=[waiting("ImagePullBackOff", PULL_MSG)])
-HEALTHY = dict(ready=1, Available=AVAILABLE, Progressing=("True", "NewReplicaSetAvailable", ""))
+HEALTHY = {"ready": 1, "Available": AVAILABLE, "Progressing": ("True", "NewReplicaSetAvailable", "")}
 
 
 def rolled(dep: dict, replicas: int, updated: int) -> dict:

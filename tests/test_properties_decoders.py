@@ -183,7 +183,7 @@ def infer_documents(draw: st.DrawFn) -> Any:
         if draw(st.booleans()):
             item["name"] = draw(st.one_of(st.sampled_from(["x", "y"]), json_scalar))
         if draw(st.integers(0, 4)):
-            item["datatype"] = draw(st.one_of(st.sampled_from(DATATYPES + ["BF16", "FLOAT"]), json_scalar))
+            item["datatype"] = draw(st.one_of(st.sampled_from([*DATATYPES, "BF16", "FLOAT"]), json_scalar))
         if draw(st.integers(0, 4)):
             item["shape"] = draw(st.one_of(st.lists(st.integers(-2, 4), max_size=3),
                                            st.lists(st.integers(0, 1), min_size=MAX_DIMS, max_size=70),
@@ -505,9 +505,9 @@ def pb_requests(draw: st.DrawFn) -> Any:
         elif which == "uint64":
             p.uint64_param = draw(st.integers(0, 2**64 - 1))
     raw = draw(st.booleans())
-    for i in range(draw(st.integers(0, 3))):
+    for _i in range(draw(st.integers(0, 3))):
         t = req.inputs.add(name=draw(st.sampled_from(["x", "y", ""])),
-                           datatype=draw(st.one_of(st.sampled_from(DATATYPES + ["BF16"]), st.text(max_size=4))),
+                           datatype=draw(st.one_of(st.sampled_from([*DATATYPES, "BF16"]), st.text(max_size=4))),
                            shape=draw(st.one_of(st.lists(st.integers(-1, 4), max_size=3),
                                                 st.lists(st.just(1), min_size=30, max_size=70),
                                                 st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))))

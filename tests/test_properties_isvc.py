@@ -175,10 +175,10 @@ def paths(node: object, prefix: tuple = ()) -> list[tuple]:
     out = [prefix] if prefix else []
     if isinstance(node, dict):
         for key, value in node.items():
-            out += paths(value, prefix + (key,))
+            out += paths(value, (*prefix, key))
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            out += paths(value, prefix + (i,))
+            out += paths(value, (*prefix, i))
     return out
 
 
@@ -240,7 +240,7 @@ def test_run_plans_a_valid_spec_or_says_why_not(isvc: dict, tmp_path_factory: py
         assert str(exc)
         return
     assert local_plan.plan(prepared, workdir) == first
-    assert [c.name for c in first][0] == "predictor"
+    assert next(c.name for c in first) == "predictor"
 
 
 def refused_or_built(doc: object) -> None:

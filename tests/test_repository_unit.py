@@ -719,7 +719,7 @@ def test_every_setting_is_a_serve_flag() -> None:
 def _sample(action: argparse.Action) -> tuple[str, object]:
     """A non-default value for the flag, as environment text and as parsed."""
     if action.choices:
-        choice = [c for c in action.choices if c != action.default][0]
+        choice = next(c for c in action.choices if c != action.default)
         return choice, choice
     if action.type is Path:
         return "/some/where", Path("/some/where")
