@@ -56,7 +56,8 @@ def manifests(name: str) -> list[dict]:
 @pytest.mark.skipif(docker_missing() is not None, reason=docker_missing() or "")
 def test_kind_end_to_end() -> None:
     env = {**os.environ, "PYTHON": sys.executable}
-    result = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3500, check=False)
+    result = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3500,
+                            check=False)
     assert result.returncode == 0, (result.stdout + result.stderr)[-8000:]
     assert "== e2e: passed" in result.stderr
     assert result.stdout.count(": y = ") == 2 and "expected" not in result.stdout
@@ -96,7 +97,8 @@ def test_isvc_is_accepted_by_the_crd() -> None:
     uri = isvc["spec"]["predictor"]["model"]["storageUri"]
     assert urlsplit(uri).scheme == "http"
     (store,) = [d for d in manifests("model-store.yaml") if d["kind"] == "Service"]
-    assert urlsplit(uri).netloc == f"{store['metadata']['name']}.{store['metadata']['namespace']}.svc.cluster.local:8000"
+    meta = store["metadata"]
+    assert urlsplit(uri).netloc == f"{meta['name']}.{meta['namespace']}.svc.cluster.local:8000"
 
 
 def test_workflow_runs_the_script() -> None:

@@ -52,7 +52,8 @@ def start_server() -> Iterator:
     """Factory: start_server(args...) -> ServerProcess (stopped at teardown)."""
     started: list[ServerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True, cwd: Path | None = None) -> ServerProcess:
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True,
+              cwd: Path | None = None) -> ServerProcess:
         server = ServerProcess([str(a) for a in args], env=env, cwd=cwd)
         started.append(server)
         return server.wait_ready() if ready else server

@@ -22,6 +22,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -115,9 +116,9 @@ class TokenEndpoint(http.server.BaseHTTPRequestHandler):
     """OAuth 2.0's JWT bearer grant (RFC 7523) as Google's token endpoint answers it: the assertion must be
     signed by the key the endpoint knows for its issuer, else ``invalid_grant``."""
 
-    public_keys: dict[str, bytes] = {}  # client_email -> PEM public key
-    issued: dict[str, str] = {}  # access token -> client_email
-    asked: list[dict[str, str]] = []
+    public_keys: ClassVar[dict[str, bytes]] = {}  # client_email -> PEM public key
+    issued: ClassVar[dict[str, str]] = {}  # access token -> client_email
+    asked: ClassVar[list[dict[str, str]]] = []
 
     def log_message(self, *args: object) -> None:
         pass

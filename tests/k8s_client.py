@@ -125,8 +125,10 @@ def roll_out(kube: Kube, ns: str, name: str, ready: bool = True) -> None:
     want = dep["spec"].get("replicas", 1)
     count = want if ready else 0
     conds = [{"type": "Available", "status": "True" if ready else "False", "lastUpdateTime": now,
-              "lastTransitionTime": now, "reason": "MinimumReplicasAvailable" if ready else "MinimumReplicasUnavailable",
-              "message": "Deployment has minimum availability." if ready else "Deployment does not have minimum availability."},
+              "lastTransitionTime": now,
+              "reason": "MinimumReplicasAvailable" if ready else "MinimumReplicasUnavailable",
+              "message": "Deployment has minimum availability." if ready
+              else "Deployment does not have minimum availability."},
              {"type": "Progressing", "status": "True", "lastUpdateTime": now, "lastTransitionTime": now,
               "reason": "NewReplicaSetAvailable", "message": f'ReplicaSet "{name}-1" has successfully progressed.'}]
     kube.patch(deploy_path(ns, name, "status"), {"status": {

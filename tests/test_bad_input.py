@@ -239,7 +239,7 @@ REST_CASES = [
                  ("'x'", "FP32", "true/false is not a number"), id="a-bool-among-numbers"),
     pytest.param(INFER, {"inputs": [with_x(data=["NaN"] * 16)]}, {}, 400, ("'x'", "FP32", "a string"),
                  id="nan-string-for-fp32"),
-    pytest.param(INFER, {"inputs": [with_x(data=[1e+39, *GOOD["data"][1:]])]}, {}, 400,
+    pytest.param(INFER, {"inputs": [with_x(data=[1e39, *GOOD["data"][1:]])]}, {}, 400,
                  ("'x'", "FP32", "1e+39 is out of range"), id="fp32-overflow"),
     pytest.param(INFER, b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [NaN'
                  + b", 1" * 15 + b"]}]}", {}, 400, "not valid JSON", id="nan-literal-in-data"),
@@ -495,7 +495,7 @@ def peak_rss_since_reset(pid: int) -> Callable[[], int]:
     status = Path(f"/proc/{pid}/status")
 
     def field(name: str) -> int:
-        line = next(l for l in status.read_text().splitlines() if l.startswith(name + ":"))
+        line = next(ln for ln in status.read_text().splitlines() if ln.startswith(name + ":"))
         return int(line.split()[1]) * 1024
 
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # Linux: VmHWM := current RSS

@@ -44,7 +44,8 @@ RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
 def run(cluster: ControlPlane, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(cluster.dir / "admin.kubeconfig"), "HELM_CACHE_HOME": str(cluster.dir / "helm"),
+    env = {**os.environ, "KUBECONFIG": str(cluster.dir / "admin.kubeconfig"),
+           "HELM_CACHE_HOME": str(cluster.dir / "helm"),
            "HELM_CONFIG_HOME": str(cluster.dir / "helm"), "HELM_DATA_HOME": str(cluster.dir / "helm")}
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
     if check:

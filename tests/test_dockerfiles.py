@@ -90,7 +90,8 @@ def test_hadolint_clean_with_nothing_ignored(name: str) -> None:
     path = DOCKERFILES[name]
     assert "hadolint" not in path.read_text().lower(), "no inline pragmas"
     assert not list(ROOT.glob(".hadolint*")), "no hadolint config with ignore rules"
-    result = subprocess.run([str(HADOLINT), "--no-color", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run([str(HADOLINT), "--no-color", str(path)], capture_output=True, text=True, timeout=60,
+                            check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == ""
 

@@ -64,7 +64,8 @@ def _model_entry(name: str, **options: Any) -> dict:
 def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("faults")
     models.save(models.two_in_two_out(), repo, "pair")  # LATENCY: tiny inferences run inline
-    models.save(models.two_in_two_out(), repo, "pair_one_thread")  # inline on one thread: only shapes the shape check vouched for
+    models.save(models.two_in_two_out(), repo,
+                "pair_one_thread")  # inline on one thread: only shapes the shape check vouched for
     models.save(models.two_in_two_out(W), repo, "pair_async")
     models.save(models.two_in_two_out(), repo, "pair_batched")
     models.save(models.reshape_by_value(), repo, "by_value")
@@ -231,7 +232,7 @@ def test_inputs_that_fail_inside_openvino_are_answered_and_the_model_keeps_servi
         if model == "pair_batched":  # refused before batching: dimension 0 is the batch
             assert "disagree on the batch size" in error and "a has 2, b has 3" in error, error
         else:
-            assert REFUSED in error and "a [2,%d], b [3,%d]" % (width, width) in error, error
+            assert REFUSED in error and f"a [2,{width}], b [3,{width}]" in error, error
         good = _pair(2, 2, width, seed=100 + i)
         status, outputs = send(fault_server, model, good)
         assert status == 200, outputs
@@ -288,7 +289,8 @@ def _concurrently(*calls: Callable[[], Any], stagger: float = 0.005) -> list[Any
 
 
 @pytest.mark.parametrize("transport", ["rest-json", "rest-binary", "grpc"])
-def test_batching_never_answers_a_client_with_another_clients_input(fault_server: ServerProcess, transport: str) -> None:
+def test_batching_never_answers_a_client_with_another_clients_input(fault_server: ServerProcess,
+                                                                    transport: str) -> None:
     """Item 1 as reported: client 2's ``b`` is empty; it must never get client 1's ``b`` back."""
     send = TRANSPORTS[transport]
     one = {"a": np.ones((1, 4), np.float32), "b": np.array([[100, 200, 300, 400]], np.float32)}
@@ -310,7 +312,8 @@ def test_one_bad_member_of_a_batch_fails_alone(fault_server: ServerProcess, tran
     goods = [_by_value(4, rows=1, seed=200 + i) for i in range(3)]
     bad = _by_value(3, rows=1, seed=299)
     calls = [lambda g=g: send(fault_server, "by_value_batched", g) for g in goods[:2]]
-    calls += [lambda: send(fault_server, "by_value_batched", bad), lambda: send(fault_server, "by_value_batched", goods[2])]
+    calls += [lambda: send(fault_server, "by_value_batched", bad),
+              lambda: send(fault_server, "by_value_batched", goods[2])]
     results = _concurrently(*calls)
     for good, (status, outputs) in zip([*goods[:2], None, goods[2]], results, strict=True):
         if good is None:

@@ -84,7 +84,8 @@ def _block(fields: list[tuple[str, str]]) -> bytes:
 # -- what a sequence is made of ---------------------------------------------------------------------------------
 
 streams = st.one_of(st.sampled_from([1, 3, 5, 7, 9]), st.sampled_from([0, 2, 4]),
-                    st.integers(0, MAX_STREAM), st.just(MAX_STREAM), st.integers(1, MAX_STREAM).map(lambda s: s | 1 << 31))
+                    st.integers(0, MAX_STREAM), st.just(MAX_STREAM),
+                    st.integers(1, MAX_STREAM).map(lambda s: s | 1 << 31))
 any_flags = st.integers(0, 255)
 u32 = st.one_of(st.sampled_from([0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]), st.integers(0, 0xFFFFFFFF))
 
@@ -326,8 +327,8 @@ def exchange(server: ServerProcess, seq: Sequence) -> str:
         answered = reader.until(lambda k, fl, s, p: s == stream and (k == RST_STREAM or (k == HEADERS
                                                                                           and fl & END_STREAM)),
                                 ANSWER_S)
-        assert answered, f"the call on stream {stream} was neither answered nor the connection closed in " \
-                         f"{ANSWER_S} s; got {_kinds(reader)}"
+        assert answered, (f"the call on stream {stream} was neither answered nor the connection closed in "
+                          f"{ANSWER_S} s; got {_kinds(reader)}")
         return "closed" if reader.closed or any(k == GOAWAY for k, *_ in reader.seen) else "served"
     finally:
         sock.close()

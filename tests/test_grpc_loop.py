@@ -109,7 +109,8 @@ class RawConnection:
 
     def goaway(self) -> int:
         """The error code of the GOAWAY the server closes this connection with."""
-        codes = [struct.unpack(">II", p[:8])[1] for k, _, _, p in self.frames(time.monotonic() + TIMEOUT) if k == GOAWAY]
+        codes = [struct.unpack(">II", p[:8])[1] for k, _, _,
+                 p in self.frames(time.monotonic() + TIMEOUT) if k == GOAWAY]
         assert codes, "the server closed without a GOAWAY"
         return codes[-1]
 

@@ -226,7 +226,8 @@ def grpc_outputs(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return out
 
 
-def _grpc_bytes_contents(srv: ServerProcess, model: str, images: list[bytes], outputs: list[str]) -> dict[str, np.ndarray]:
+def _grpc_bytes_contents(srv: ServerProcess, model: str, images: list[bytes],
+                         outputs: list[str]) -> dict[str, np.ndarray]:
     request = pb.ModelInferRequest(model_name=model, id="typed")
     tensor = request.inputs.add(name=IMAGE, datatype="BYTES", shape=[len(images)])
     tensor.contents.bytes_contents.extend(images)

@@ -73,7 +73,8 @@ def test_ovms_families_names_types_labels_and_help() -> None:
     assert ('ovms_requests_success{api="KServe",interface="REST",method="ModelInfer",name="resnet",version="1"} 0'
             in text)
     assert 'ovms_requests_success{api="KServe",interface="REST",method="ModelReady",name="resnet"} 0' in text
-    assert 'ovms_requests_fail{api="TensorFlowServing",interface="REST",method="Predict",name="resnet",version="1"} 0' in text
+    assert ('ovms_requests_fail{api="TensorFlowServing",interface="REST",method="Predict",name="resnet",version="1"} 0'
+            in text)
     assert 'ovms_request_time_us_count{interface="REST",name="resnet",version="1"} 0' in text
     assert 'ovms_inference_time_us_count{name="resnet",version="1"} 0' in text
 
@@ -180,7 +181,8 @@ def test_label_values_are_escaped() -> None:
     (True, ("ovms_requests_fail",), None, {"metrics": {"enable": True, "metrics_list": ["ovms_streams"]}},
      (("ovms_requests_fail",), "/metrics", None)),
     # OVMS's MediaPipe families are accepted (a list copied from OVMS) and have nothing to write
-    (True, ("ovms_requests_success", "ovms_current_graphs"), None, None, (("ovms_requests_success",), "/metrics", None)),
+    (True, ("ovms_requests_success", "ovms_current_graphs"), None, None,
+     (("ovms_requests_success",), "/metrics", None)),
 ])
 def test_configure(enable: bool, names: tuple[str, ...], port: int | None, monitoring: object,
                    expected: tuple[tuple[str, ...], str, int | None] | None) -> None:

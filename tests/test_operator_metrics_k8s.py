@@ -77,7 +77,8 @@ def test_scraping_annotation_and_reconcile_metrics(kube: Kube, metrics_operator:
 
     def counted() -> dict[str, float] | None:
         now = counts(port)
-        done = now['ovserve_operator_reconciles_total{outcome="ok"}'] - before['ovserve_operator_reconciles_total{outcome="ok"}']
+        ok = 'ovserve_operator_reconciles_total{outcome="ok"}'
+        done = now[ok] - before[ok]
         refused = (now['ovserve_operator_reconciles_total{outcome="invalid"}']
                    - before['ovserve_operator_reconciles_total{outcome="invalid"}'])
         return now if done >= 2 and refused >= 1 else None

@@ -171,7 +171,8 @@ def test_api_server_restart(kube: Kube, cluster: ControlPlane, operator: Operato
 
     def updated() -> dict | None:
         dep = kube.get(deploy_path(ns, "resnet-predictor"))
-        return dep if dep and dep["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--nireq", "4"] else None
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"] if dep else []
+        return dep if args[-2:] == ["--nireq", "4"] else None
     dep = within(operator, updated, "the spec change applied")
     assert dep["metadata"]["uid"] == first["metadata"]["uid"]  # rolled in place, not recreated
     within(operator, lambda: kube.get(svc_path(ns, "resnet-predictor")), "the deleted Service recreated")
@@ -251,13 +252,13 @@ def test_killed_mid_reconcile(kube: Kube, operator: Operator, ns: str) -> None:
 
     operator.start()  # a new process: it adopts what exists and finishes the rest
     for name in counts:
-        within(operator, lambda: set(children_of(kube, ns, name)) == expected(name), f"{name}: every child")
+        within(operator, lambda name=name: set(children_of(kube, ns, name)) == expected(name), f"{name}: every child")
         wait_condition(kube, ns, name, "Ready", "Unknown", timeout=CONVERGE)
         assert_converged(kube, ns, name)
         roll_out_all(kube, ns, name)
         # a child's event may write Ready before the adopted reconcile has written the generation it saw
-        status = eventually(lambda: (s := kube.get(isvc_path(ns, name))["status"]).get("observedGeneration") == 1
-                            and s, CONVERGE, what=f"{name}: observedGeneration 1")
+        status = eventually(lambda name=name: (s := kube.get(isvc_path(ns, name))["status"])
+                            .get("observedGeneration") == 1 and s, CONVERGE, what=f"{name}: observedGeneration 1")
         assert {c["type"] for c in status["conditions"]} == {"PredictorReady", "TransformerReady", "ExplainerReady",
                                                              "Ready"}
     # nothing else was made: no duplicate, no orphan

@@ -36,7 +36,8 @@ SECRET = "classifier-tls"
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: ControlPlane, kube: Kube, crd: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(cluster: ControlPlane, kube: Kube, crd: dict,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     op = Operator(operator_kubeconfig(cluster, kube), tmp_path_factory.mktemp("operator-cwd")).start()
     yield op
     op.stop()

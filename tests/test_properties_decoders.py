@@ -72,9 +72,10 @@ def scalars(datatype: str) -> st.SearchStrategy[Any]:
 #: Any JSON value, small: what a field may hold when the client gets it wrong.
 json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6))
-json_value = st.recursive(json_scalar, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                                st.dictionaries(st.text(max_size=4), inner, max_size=3)),
-                          max_leaves=12)
+json_value = st.recursive(
+    json_scalar, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner,
+                                                                                      max_size=3)),
+    max_leaves=12)
 
 
 @st.composite
@@ -162,7 +163,8 @@ def test_rest_json_values_are_never_coerced(datatype: str, data: list, large: bo
     request = decode_or_refuse(body, large=large)
     if request is None:
         return
-    kinds = {"BOOL": (bool,), "BYTES": (str,)}.get(datatype, (int,) if V2_TO_NUMPY[datatype].kind in "iu" else (int, float))
+    kinds = {"BOOL": (bool,),
+             "BYTES": (str,)}.get(datatype, (int,) if V2_TO_NUMPY[datatype].kind in "iu" else (int, float))
     assert all(type(v) in kinds for v in data), f"{datatype} decoded from {data!r}"
     got = request.inputs[0].data
     if datatype not in ("BYTES", "BOOL") and V2_TO_NUMPY[datatype].kind == "f":

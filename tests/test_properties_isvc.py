@@ -274,7 +274,8 @@ def run_refused_or_planned(doc: object, workdir: Path) -> None:
 @given(doc=mutated())
 @example(doc={"metadata": {"name": "a"}, "spec": {"predictor": {"model": {
     "modelFormat": {"name": "openvino"}, "storageUri": "http://[x"}}}}).via("urlsplit raised ValueError")
-def test_a_broken_spec_is_refused_with_the_documented_error(doc: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_broken_spec_is_refused_with_the_documented_error(doc: dict,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
     refused_or_built(doc)
     run_refused_or_planned(doc, tmp_path_factory.mktemp("plan"))
 
@@ -310,7 +311,8 @@ WRONG = [  # (path, value, the message's start)
     ("spec.predictor", "x", "spec.predictor: must be a mapping, got a string"),
     ("spec.predictor.minReplicas", "3", "spec.predictor.minReplicas: must be an integer, got a string"),
     ("spec.predictor.maxReplicas", True, "spec.predictor.maxReplicas: must be an integer, got a boolean"),
-    ("spec.predictor.minReplicas", 10**30, "spec.predictor.minReplicas: 1000000000000000000000000000000 is out of range"),
+    ("spec.predictor.minReplicas", 10**30,
+     "spec.predictor.minReplicas: 1000000000000000000000000000000 is out of range"),
     ("spec.predictor.model.storageUri", 5, "spec.predictor.model.storageUri: must be a string, got an integer"),
     ("spec.predictor.model.storageUri", "http://[x", "spec.predictor.model.storageUri: 'http://[x': Invalid IPv6 URL"),
     ("spec.predictor.model.modelFormat", "openvino", "spec.predictor.model.modelFormat: must be a mapping"),
@@ -354,7 +356,8 @@ PASSED_THROUGH = [  # pod fields the operator passes as written, read by ovserve
      "transformer: container 'kserve-container': startupProbe.failureThreshold must be between 0 and 1000000"),
     ("volumeMounts", [{"name": ["scratch"], "mountPath": "/s"}],
      "transformer: container 'kserve-container': volumeMounts[0].name must be a string"),
-    ("volumeMounts", [{"name": "scratch"}], "transformer: container 'kserve-container': volumeMounts[0].mountPath is required"),
+    ("volumeMounts", [{"name": "scratch"}],
+     "transformer: container 'kserve-container': volumeMounts[0].mountPath is required"),
     ("readinessProbe", {"httpGet": {"port": "²"}}, ""),  # str.isdigit() is true for it, int() refuses it
 ]
 
@@ -392,8 +395,10 @@ ISVC_YAML = (b"apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nme
 @example(raw=b"- 1\n- 2\n").via("a list")
 @example(raw=ISVC_YAML.replace(b"{name: m}", b"{name: m, generation: 1e999999}"))
 @example(raw=ISVC_YAML.replace(b"/tmp/m}", b"/tmp/m}, minReplicas: 99999999999999999999999999"))
-@example(raw=ISVC_YAML.replace(b"{name: m}", b"{name: m, creationTimestamp: 2026-13-45}")).via("a date PyYAML cannot build")
-def test_the_yaml_reader_refuses_what_is_not_an_inference_service(raw: bytes, tmp_path_factory: pytest.TempPathFactory) -> None:
+@example(raw=ISVC_YAML.replace(b"{name: m}",
+                               b"{name: m, creationTimestamp: 2026-13-45}")).via("a date PyYAML cannot build")
+def test_the_yaml_reader_refuses_what_is_not_an_inference_service(raw: bytes,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
     path = tmp_path_factory.mktemp("yaml") / "isvc.yaml"
     path.write_bytes(raw)
     try:

@@ -38,7 +38,7 @@ def test_prepare_fills_what_the_api_server_would_and_validates() -> None:
     assert got.namespace == "default" and got.uid
     bad = yaml.safe_load((ROOT / "examples/demo-add.yaml").read_text())
     bad["spec"]["predictor"]["model"]["modelFormat"]["name"] = "sklearn"
-    with pytest.raises(RunError, match="modelFormat.name: 'sklearn' is not supported"):
+    with pytest.raises(RunError, match=r"modelFormat\.name: 'sklearn' is not supported"):
         prepare(bad)
 
 
@@ -82,7 +82,8 @@ def test_grpc_v1_adds_the_torchserve_listener_on_a_free_port(tmp_path: Path) -> 
     free port; ovserve run then waits for the ``ts-inference`` listener and prints it."""
     (predictor,) = plan(isvc("torchserve.yaml"), tmp_path)
     main = predictor.main
-    assert main.argv == [*PY, "serve", "--model-name", "classifier-ts", "--model-path", str(tmp_path / "predictor" / "ovserve-models")]
+    assert main.argv == [*PY, "serve", "--model-name", "classifier-ts", "--model-path",
+                         str(tmp_path / "predictor" / "ovserve-models")]
     assert main.listeners == {"rest": 8080, "grpc": 8081, "ts-inference": 7070}
     assert local_args(main, "127.0.0.1", 8000, 0, None) == [
         "--host", "127.0.0.1", "--rest-port", "8000", "--grpc-port", "0", "--ts-inference-port", "0"]
@@ -105,7 +106,8 @@ def test_without_grpc_v1_there_is_no_torchserve_listener_unless_the_args_ask(tmp
 def test_the_transformer_gets_the_local_predictor(tmp_path: Path) -> None:
     _, transformer = plan(isvc("classifier-transformer.yaml"), tmp_path)
     t = transformer.main
-    assert t.argv == [*PY, "transformer", "--handler", "ovserve.server.components.imagenet:ImageNetTransformer", "--model_name", "classifier-tf"]
+    assert t.argv == [*PY, "transformer", "--handler", "ovserve.server.components.imagenet:ImageNetTransformer",
+                      "--model_name", "classifier-tf"]
     assert t.readiness.path == "/v2/health/ready" and not transformer.inits
     assert local_args(t, "127.0.0.1", 9000, None, (1111, 2222)) == [
         "--host", "127.0.0.1", "--http_port", "9000", "--predictor_host", "127.0.0.1:1111"]
@@ -137,7 +139,8 @@ def _predictor_container(**container: object) -> dict:
     ({"args": ["demo", "/tmp/x"]}, {}, "runs `ovserve demo`, which is not a server"),
     ({"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}, {}, "env A uses valueFrom"),
     ({"envFrom": [{"configMapRef": {"name": "m"}}]}, {}, "uses envFrom"),
-    ({"volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}, {"volumes": [{"name": "cfg", "configMap": {"name": "m"}}]},
+    ({"volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]},
+     {"volumes": [{"name": "cfg", "configMap": {"name": "m"}}]},
      "volume 'cfg' (configMap) needs a cluster"),
     ({"volumeMounts": [{"name": "d", "mountPath": "/d", "subPath": "x"}]}, {"volumes": [{"name": "d", "emptyDir": {}}]},
      "mounts a subPath"),

@@ -416,7 +416,7 @@ def test_openvino_on_one_thread_answers_what_it_cannot_compute_with_the_last_ans
     stale = request.infer(_pair_inputs(2, 3, seed=7))  # no error ...
     np.testing.assert_allclose(stale["sum"], good["a"] + good["b"], rtol=1e-6)  # ... and the last client's answer
     request.start_async(_pair_inputs(2, 3, seed=7))
-    with pytest.raises(RuntimeError, match="shape infer|Check"):  # started asynchronously, it fails
+    with pytest.raises(RuntimeError, match=r"shape infer|Check"):  # started asynchronously, it fails
         request.wait()
 
 
@@ -716,7 +716,8 @@ def test_an_internal_failure_recompiles_at_most_once_per_interval(tmp_path: Path
     assert asyncio.run(main()) == [1, 1, 1, 1]
 
 
-def test_the_failure_watch_runs_on_uvloop_with_sub_millisecond_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_failure_watch_runs_on_uvloop_with_sub_millisecond_checks(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """uvloop's call_at gives a plain Handle (no ``when()``) for a delay under a millisecond; the
     watch once asked it ``when()`` and failed requests with AttributeError under load."""
     uvloop = pytest.importorskip("uvloop")

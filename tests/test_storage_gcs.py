@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ def key(token, tmp_path_factory: pytest.TempPathFactory) -> Path:
 class RecordingProxy(Proxy):
     """The S3 tests' forwarding proxy, recording each request's Authorization and damaging media GETs."""
 
-    authorizations: list[str | None] = []
+    authorizations: ClassVar[list[str | None]] = []
 
     def _record(self) -> None:
         self.authorizations.append(self.headers.get("Authorization"))

@@ -164,7 +164,7 @@ def test_bad_uris_say_why(tmp_path: Path, src: str, why: str) -> None:
 
 
 def test_unreachable_host(tmp_path: Path) -> None:
-    with pytest.raises(StorageError, match="127.0.0.1:9"):
+    with pytest.raises(StorageError, match=r"127\.0\.0\.1:9"):
         initialize("http://127.0.0.1:9/m.onnx", tmp_path)
 
 
@@ -458,7 +458,7 @@ def test_a_missing_dest_is_not_left_behind_by_a_failure(site: str, tmp_path: Pat
 def test_dest_inside_the_source_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "1").mkdir()
     (tmp_path / "1/model.xml").write_bytes(b"<net/>")
-    with pytest.raises(StorageError, match="DEST .* is inside this folder"):
+    with pytest.raises(StorageError, match=r"DEST .* is inside this folder"):
         initialize(str(tmp_path), tmp_path / "models")
     assert not (tmp_path / "models").exists()
 
@@ -570,5 +570,6 @@ def test_a_python_without_tar_filters_says_what_a_tar_needs(tmp_path: Path, monk
     monkeypatch.delattr(tarfile, "FilterError")
     archive = tmp_path / "model.tar.gz"
     archive.write_bytes(tar_bytes(MODEL))
-    with pytest.raises(StorageError, match="no tar extraction filters: unpacking a tar needs Python 3.10.12, 3.11.4"):
+    with pytest.raises(StorageError,
+                       match=r"no tar extraction filters: unpacking a tar needs Python 3\.10\.12, 3\.11\.4"):
         initialize(str(archive), tmp_path / "models")

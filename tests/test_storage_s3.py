@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -137,7 +138,7 @@ class Proxy(http.server.BaseHTTPRequestHandler):
     """A forwarding HTTP proxy to moto that records what it forwarded and can flip a byte of GET bodies."""
 
     upstream: int = 0
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []
     corrupt = False
 
     def log_message(self, *args: object) -> None:

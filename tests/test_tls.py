@@ -434,7 +434,7 @@ def test_listener_override_values(text: str, parsed: TlsOverride) -> None:
 
 @pytest.mark.parametrize("text", ["on", "cert", "cert=", "cert=/a,cert=/b", "ca=/x"])
 def test_listener_override_refuses_what_it_cannot_read(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expected off, or cert=FILE|given twice"):
         parse_tls_override(text)
 
 
