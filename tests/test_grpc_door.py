@@ -51,12 +51,12 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
 from .client_proxies import Certs, make_certs, needs_openssl
+from .h2frames import PREFACE, grpc_message
 from .servers import ServerProcess
 from .tls_tools import tls_flags, wait_https
 
 pytestmark = pytest.mark.integration
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 #: how much slower the well-behaved client's median call may be during an attack than before it
 SLOWER_BY_S = 0.025
@@ -89,8 +89,7 @@ def _request(model: str = "add") -> pb.ModelInferRequest:
 
 
 def _message(req: pb.ModelInferRequest) -> bytes:
-    body = req.SerializeToString()
-    return b"\x00" + struct.pack(">I", len(body)) + body
+    return grpc_message(req.SerializeToString())
 
 
 HEADERS = [(":method", "POST"), (":scheme", "http"), (":path", METHOD), (":authority", "ovserve"),
