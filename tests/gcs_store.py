@@ -9,13 +9,11 @@ public half before it issues a token.
 from __future__ import annotations
 
 import http.server
-import io
 import json
 import os
 import secrets
 import socket
 import subprocess
-import tarfile
 import threading
 import time
 import urllib.parse
@@ -26,6 +24,8 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+
+from .storage_tools import tar_of
 
 BUCKET = "models"
 BIG = 12 << 20
@@ -97,16 +97,6 @@ def start(ir: dict[str, bytes]) -> Iterator[GCS]:
 
 def big() -> bytes:
     return np.random.default_rng(1).integers(0, 256, BIG, dtype=np.uint8).tobytes()
-
-
-def tar_of(ir: dict[str, bytes]) -> bytes:
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-        for rel, data in ir.items():
-            info = tarfile.TarInfo(rel)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return archive.getvalue()
 
 
 # -- a service account and the token endpoint that knows it ------------------------------------
