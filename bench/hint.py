@@ -17,7 +17,6 @@ logged as its choice. Written to ``bench/results/hint-<stamp>.md``.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import statistics
 import sys
@@ -26,17 +25,14 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from . import loadgen, models, report, servers
+from . import fresh, report
 from .defaults import untuned_lines
-from .measure import RESULTS, run_quietest, wait_quiet
+from .measure import RESULTS
 
 HINTS = ("LATENCY", "THROUGHPUT")
 WHO = (*HINTS, "untuned")
 PROTOCOLS = ("grpc", "rest-binary")
 GOAL = 0.95
-#: Environment variables the server would read as model settings: dropped, so the untuned server gets none.
-SERVER_ENV = ("OVSERVE_PLUGIN_CONFIG", "OVSERVE_NIREQ", "OVSERVE_CONFIG", "OVSERVE_MODEL_REPOSITORY",
-              "OVSERVE_MODEL_NAME", "OVSERVE_MODEL_PATH", "OVSERVE_UNTUNED_MEASURE")
 #: (who, protocol, concurrency) -> infer/s of each round
 Figures = dict[tuple[str, str, int], list[float]]
 
@@ -68,55 +64,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def build(names: list[str], tmp: Path) -> dict[str, Path]:
-    """Each model in a repository of its own (``tmp/repo-<name>/<name>/1``); mobilenet_v2 left out, saying why,
-    where its weights cannot be had. Returns name -> repository."""
-    repos = {}
-    for name in names:
-        repo = tmp / f"repo-{name}"
-        if name in ("add", "resnetish"):
-            models._save(models.add_model() if name == "add" else models.resnetish_model(), repo, name)
-            repos[name] = repo
-            continue
-        from ovserve.server.zoo.fetch import FetchError
-        from ovserve.server.zoo.mobilenet_v2 import write_classifier
-
-        try:
-            write_classifier(repo, name)
-            repos[name] = repo
-        except FetchError as exc:
-            print(f"{name}: skipped, its weights cannot be had ({exc})", file=sys.stderr)
-    return repos
-
-
 def serve(repo: Path, model: str, who: str, args: argparse.Namespace, figures: Figures,
           say: Callable[[str], None]) -> list[str]:
     """A fresh ovserve on ``repo`` (a hint in plugin_config, or untuned), every protocol at every concurrency;
     its figures into ``figures``. Returns its log lines saying what it chose for the untuned model."""
     extra = [] if who == "untuned" else ["--plugin-config", f'{{"PERFORMANCE_HINT": "{who}"}}']
-    with tempfile.TemporaryDirectory(prefix="ovserve-hint-cache-") as cache:
-        server = servers.ServerProcess("ovserve", servers.ovserve_command(repo, extra, repository=True),
-                                       env={"OVSERVE_CACHE": cache})
-        try:
-            server.wait_ready([model])
-            said = untuned_lines(list(server.lines), repo)
-            cells = []
-            for c in args.concurrency:
-                for protocol in args.protocols:
-                    case = loadgen.Case(protocol, model, c, args.seconds, args.warmup, port=server.port_for(protocol))
-                    row = run_quietest(case, "ovserve", server.pid, args.max_noise, args.wait_quiet,
-                                       log=lambda *_: None)
-                    if row.errors or not row.count:
-                        raise RuntimeError(f"ovserve over {protocol}: {row.errors} errors ({row.first_error[:300]})")
-                    figures.setdefault((who, protocol, c), []).append(row.throughput)
-                    noisy = f" (others {row.other_cpu_pct:.0f}%)" if row.other_cpu_pct > report.NOISY_PCT else ""
-                    cells.append(f"{protocol} c{c} {row.throughput:.0f}/s{noisy}")
-            if not server.alive():
-                raise RuntimeError(f"ovserve died during the run:\n{server.log}")
-        finally:
-            server.stop()
+    cases = [(protocol, c) for c in args.concurrency for protocol in args.protocols]
+    rows, log = fresh.serve(repo, model, extra, cases, args.seconds, args.warmup, args.max_noise, args.wait_quiet)
+    cells = []
+    for (protocol, c), row in rows.items():
+        figures.setdefault((who, protocol, c), []).append(row.throughput)
+        noisy = f" (others {row.other_cpu_pct:.0f}%)" if row.other_cpu_pct > report.NOISY_PCT else ""
+        cells.append(f"{protocol} c{c} {row.throughput:.0f}/s{noisy}")
     say(f"  {who:10} " + ", ".join(cells))
-    return said
+    return untuned_lines(log, repo)
 
 
 def median(figures: Figures, who: str, protocol: str, c: int) -> float | None:
@@ -153,8 +114,7 @@ def render(body: list[list[str]], said: dict[str, list[str]], markdown: bool) ->
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    for name in SERVER_ENV:
-        os.environ.pop(name, None)
+    fresh.drop_server_env()
     started = report.now()
     command = "python -m bench.hint" + ("" if not argv else " " + shlex.join(argv))
     lines: list[str] = []
@@ -166,18 +126,16 @@ def main(argv: list[str]) -> int:
     body: list[list[str]] = []
     said: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="ovserve-bench-hint-") as name:
-        repos = build(args.models, Path(name))
+        repos = fresh.repositories(args.models, Path(name))
         if not repos:
             print("no model to measure", file=sys.stderr)
             return 2
         for model, repo in repos.items():
             say(f"{model}, {args.seconds:g} s per case:")
             figures: Figures = {}
-            for n in range(args.repeat):
-                if args.wait_quiet > 0:
-                    wait_quiet(10, args.wait_quiet, log=lambda *_: None)
+            for n, order in fresh.rounds(WHO, args.repeat, args.wait_quiet):
                 say(f" round {n + 1}")
-                for who in WHO[n % len(WHO):] + WHO[:n % len(WHO)]:  # each first in turn: no fixed neighbour
+                for who in order:
                     lines_said = serve(repo, model, who, args, figures, say)
                     if who == "untuned":
                         said[model] = list(dict.fromkeys([*said.get(model, []), *lines_said]))

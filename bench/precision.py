@@ -36,15 +36,12 @@ from pathlib import Path
 
 import openvino as ov
 
-from . import contention, floor, loadgen, models, report, servers, specs
-from .measure import RESULTS, run_quietest, wait_quiet
+from . import contention, floor, fresh, report, specs
+from .measure import RESULTS, wait_quiet
 
 GOAL = 0.95
 PROTOCOLS = ("grpc", "rest-binary")
 SHARE = 0.85  # the wire's rate while the ceiling is taken, x raw alone (bench.floor's default)
-#: Environment variables the server would read as model settings: dropped, so the untuned server gets none.
-SERVER_ENV = ("OVSERVE_PLUGIN_CONFIG", "OVSERVE_NIREQ", "OVSERVE_CONFIG", "OVSERVE_MODEL_REPOSITORY",
-              "OVSERVE_MODEL_NAME", "OVSERVE_MODEL_PATH", "OVSERVE_UNTUNED_MEASURE")
 #: the server's log line of its choice (server/runtime/openvino.py)
 _SAID = re.compile(r"untuned precision: (.*)$")
 
@@ -103,25 +100,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def build(names: list[str], tmp: Path) -> dict[str, Path]:
-    """Each model in a repository of its own (``tmp/repo-<name>/<name>/1``); mobilenet_v2 left out, saying why,
-    where its weights cannot be had. Returns name -> model.xml."""
-    paths = {}
-    for name in names:
-        repo = tmp / f"repo-{name}"
-        if name == "resnetish":
-            paths[name] = models._save(models.resnetish_model(), repo, name)
-            continue
-        from ovserve.server.zoo.fetch import FetchError
-        from ovserve.server.zoo.mobilenet_v2 import write_classifier
-
-        try:
-            paths[name] = write_classifier(repo, name) / "model.xml"
-        except FetchError as exc:
-            print(f"{name}: skipped, its weights cannot be had ({exc})", file=sys.stderr)
-    return paths
-
-
 def candidates() -> list[str]:
     """OpenVINO's default precision here, then f32 (f32 alone where that is the default)."""
     from ovserve.server.runtime.measure import default_precision
@@ -144,27 +122,13 @@ def raw_figures(result: Result, path: Path, spec: specs.ModelSpec, args: argpars
         del compiled
 
 
-def serve(repo: Path, model: str, args: argparse.Namespace, extra: list[str],
-          cache: str) -> tuple[dict[str, float], str]:
-    """A fresh ovserve on ``repo`` (no config.json) with ``extra`` flags and ``cache`` as its decision cache: per
-    protocol infer/s at the run's concurrency, and its log line of the untuned precision (``-`` when none)."""
-    server = servers.ServerProcess("ovserve", servers.ovserve_command(repo, extra, repository=True),
-                                   env={"OVSERVE_CACHE": cache})
-    try:
-        server.wait_ready([model])
-        said = [m.group(1) for m in map(_SAID.search, server.lines) if m]
-        out = {}
-        for protocol in args.protocols:
-            case = loadgen.Case(protocol, model, args.concurrency, args.seconds, 1.0, port=server.port_for(protocol))
-            row = run_quietest(case, "ovserve", server.pid, args.max_noise, args.wait_quiet, log=lambda *_: None)
-            if row.errors or not row.count:
-                raise RuntimeError(f"ovserve over {protocol}: {row.errors} errors ({row.first_error[:300]})")
-            out[protocol] = row.throughput
-        if not server.alive():
-            raise RuntimeError(f"ovserve died during the run:\n{server.log}")
-        return out, said[0] if said else "-"
-    finally:
-        server.stop()
+def serve(repo: Path, model: str, args: argparse.Namespace, extra: list[str]) -> tuple[dict[str, float], str]:
+    """A fresh ovserve on ``repo`` with ``extra`` flags (bench.fresh): per protocol infer/s at the run's
+    concurrency, and its log line of the untuned precision (``-`` when none)."""
+    cases = [(protocol, args.concurrency) for protocol in args.protocols]
+    rows, log = fresh.serve(repo, model, extra, cases, args.seconds, 1.0, args.max_noise, args.wait_quiet)
+    said = [m.group(1) for m in map(_SAID.search, log) if m]
+    return {protocol: row.throughput for (protocol, _), row in rows.items()}, said[0] if said else "-"
 
 
 def served_figures(result: Result, path: Path, args: argparse.Namespace, say: Callable[[str], None]) -> None:
@@ -172,14 +136,10 @@ def served_figures(result: Result, path: Path, args: argparse.Namespace, say: Ca
     empty decision cache: it measures), ``--repeat`` rounds, each starting one further along; the medians."""
     repo = path.parent.parent.parent
     runs: dict[str, list[dict[str, float]]] = {}
-    for n in range(args.repeat):
-        if args.wait_quiet > 0:
-            wait_quiet(10, args.wait_quiet, log=lambda *_: None)
-        order = [*result.raw, "untuned"]
-        for who in order[n % len(order):] + order[:n % len(order)]:  # each first in turn: no fixed neighbour
+    for n, order in fresh.rounds([*result.raw, "untuned"], args.repeat, args.wait_quiet):
+        for who in order:
             extra = [] if who == "untuned" else ["--plugin-config", f'{{"INFERENCE_PRECISION_HINT": "{who}"}}']
-            with tempfile.TemporaryDirectory(prefix="ovserve-precision-cache-") as cache:
-                per_s, said = serve(repo, result.model, args, extra, cache)
+            per_s, said = serve(repo, result.model, args, extra)
             runs.setdefault(who, []).append(per_s)
             if who == "untuned":
                 result.said = said
@@ -262,8 +222,7 @@ def render(results: list[Result], protocols: list[str], precisions: list[str], m
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    for name in SERVER_ENV:
-        os.environ.pop(name, None)
+    fresh.drop_server_env()
     started = report.now()
     command = "python -m bench.precision" + ("" if not argv else " " + shlex.join(argv))
     lines: list[str] = []
@@ -274,7 +233,8 @@ def main(argv: list[str]) -> int:
 
     results = []
     with tempfile.TemporaryDirectory(prefix="ovserve-bench-precision-") as name:
-        paths = build(args.models, Path(name))
+        repos = fresh.repositories(args.models, Path(name))
+        paths = {model: repo / model / "1" / "model.xml" for model, repo in repos.items()}
         if not paths:
             print("no model to measure", file=sys.stderr)
             return 2

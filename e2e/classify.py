@@ -6,15 +6,13 @@ Used by e2e/test_cluster.py, inside the cluster's network namespace (the transfo
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import requests
 import tritonclient.http as httpclient
+from photo_client import arguments, first_answer  # e2e/, this script's folder
 
 
 def v1(rest: str, model: str, photo: bytes) -> str:
@@ -36,24 +34,12 @@ def v2(rest: str, model: str, photo: bytes) -> str:
 
 
 def main() -> int:
-    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    cli.add_argument("--model", required=True)
-    cli.add_argument("--rest", required=True, help="HOST:PORT of the InferenceService's Service")
-    cli.add_argument("--photo", type=Path, required=True)
-    cli.add_argument("--want", required=True)
-    cli.add_argument("--timeout", type=float, default=60, help="seconds to wait for a first answer")
-    args = cli.parse_args()
+    args = arguments(__doc__, "rest", "HOST:PORT of the InferenceService's Service")
     photo = args.photo.read_bytes()
-    deadline = time.monotonic() + args.timeout
-    while True:  # the Service's endpoints may lag the pods' readiness by a moment
-        try:
-            first = v1(args.rest, args.model, photo)
-            break
-        except requests.RequestException as exc:
-            if time.monotonic() > deadline:
-                print(f"V1 no answer: {exc}")
-                return 1
-            time.sleep(1)
+    first = first_answer(lambda: v1(args.rest, args.model, photo), requests.RequestException, args.timeout,
+                         lambda exc: f"V1 no answer: {exc}")
+    if first is None:
+        return 1
     answers = {"V1": first, "V2": v2(args.rest, args.model, photo)}
     for protocol, label in answers.items():
         print(f"{protocol} {label}")

@@ -25,7 +25,7 @@ def wait_ready(client, model: str, timeout: float) -> None:
         try:
             if client.is_server_live() and client.is_model_ready(model):
                 return
-        except Exception as exc:  # noqa: BLE001 - a port-forward that is still coming up
+        except Exception as exc:
             last = exc
         else:
             last = "not ready"
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         tensor.set_data_from_numpy(x)
         y = client.infer(args.model, [tensor]).as_numpy("y")
         ok = y is not None and np.allclose(y, expected, atol=1e-5)
-        print(f"{name} {url}: y = {None if y is None else y.tolist()} ({'ok' if ok else f'expected {expected.tolist()}'})")
+        verdict = "ok" if ok else f"expected {expected.tolist()}"
+        print(f"{name} {url}: y = {None if y is None else y.tolist()} ({verdict})")
         failed |= not ok
     # KServe V1 (:predict with instances) on the same REST address
     import json

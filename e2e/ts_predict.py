@@ -9,41 +9,28 @@ of a ``protocolVersion: grpc-v1`` InferenceService.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import grpc
 from google.protobuf import empty_pb2
+from photo_client import arguments, first_answer  # e2e/, this script's folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/ts_stubs.py
 from tests.ts_stubs import ts_stubs  # protoc on TorchServe's .proto files, as a user runs it
 
 
 def main() -> int:
-    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    cli.add_argument("--model", required=True)
-    cli.add_argument("--target", required=True, help="HOST:PORT of the TorchServe gRPC inference API")
-    cli.add_argument("--photo", type=Path, required=True)
-    cli.add_argument("--want", required=True)
-    cli.add_argument("--timeout", type=float, default=60, help="seconds to wait for a first answer")
-    args = cli.parse_args()
+    args = arguments(__doc__, "target", "HOST:PORT of the TorchServe gRPC inference API")
     ts = ts_stubs()
     photo = args.photo.read_bytes()
     with grpc.insecure_channel(args.target) as channel:
         stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
-        deadline = time.monotonic() + args.timeout
-        while True:  # the Service's endpoints may lag the pod's readiness by a moment
-            try:
-                health = json.loads(stub.Ping(empty_pb2.Empty(), timeout=10).health)
-                break
-            except grpc.RpcError as exc:
-                if time.monotonic() > deadline:
-                    print(f"Ping no answer: {exc.code()} {exc.details()}")
-                    return 1
-                time.sleep(1)
+        health = first_answer(lambda: json.loads(stub.Ping(empty_pb2.Empty(), timeout=10).health), grpc.RpcError,
+                              args.timeout, lambda exc: f"Ping no answer: {exc.code()} {exc.details()}")
+        if health is None:
+            return 1
         print(f"Ping {json.dumps(health)}")
         reply = stub.Predictions(ts.inference_pb2.PredictionsRequest(model_name=args.model, input={"data": photo}),
                                  timeout=60)

@@ -88,7 +88,7 @@ def sample_input(datatype: str, form: str) -> tuple[Any, np.ndarray]:
     return tensor, x
 
 
-# -- fixtures ------------------------------------------------------------------
+# -- fixtures (registered by tests/conftest.py's pytest_plugins) -------------
 @pytest.fixture(scope="module")
 def transformer(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TransformerProcess]:
     """``Echo`` in front of conftest's server's ``matmul`` (V2 REST to it; REST and gRPC to its clients)."""

@@ -41,7 +41,8 @@ def binary_infer(url: str, model: str, x: np.ndarray, sent: threading.Event | No
     """POST /infer with the binary tensor data extension (``sent``: see :func:`post`)."""
     raw = np.ascontiguousarray(x, np.float32).tobytes()
     header = json.dumps({
-        "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "parameters": {"binary_data_size": len(raw)}}],
+        "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw)}}],
         "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
     }).encode()
     status, headers, content = post(f"{url}/v2/models/{model}/infer", header + raw, sent=sent, headers={

@@ -10,8 +10,8 @@ import os
 # ("Epoll1Poller ... epoll_wait error: Bad file descriptor", exit -6; test_child.py has the reproduction).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from pathlib import Path  # noqa: E402
-from typing import Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,6 +27,11 @@ settings.register_profile("ovserve", deadline=None, suppress_health_check=[Healt
                           derandomize=bool(os.environ.get("CI")), print_blob=True)
 settings.load_profile("ovserve")
 
+# Fixtures other modules share, registered once here rather than imported into each test module (which
+# pyflakes reads as an unused import shadowed by the test's argument): the control plane, its client and a
+# namespace per test (tests/k8s_client.py), and the client tests' transformer, image server and certificates
+# (tests/client_fixtures.py). A module that defines a fixture of the same name keeps its own.
+pytest_plugins = ["tests.k8s_client", "tests.client_fixtures"]
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +52,8 @@ def start_server() -> Iterator:
     """Factory: start_server(args...) -> ServerProcess (stopped at teardown)."""
     started: list[ServerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True, cwd: Path | None = None) -> ServerProcess:
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True,
+              cwd: Path | None = None) -> ServerProcess:
         server = ServerProcess([str(a) for a in args], env=env, cwd=cwd)
         started.append(server)
         return server.wait_ready() if ready else server

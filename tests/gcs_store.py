@@ -9,22 +9,23 @@ public half before it issues a token.
 from __future__ import annotations
 
 import http.server
-import io
 import json
 import os
 import secrets
 import socket
 import subprocess
-import tarfile
 import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
+
+from .storage_tools import tar_of
 
 BUCKET = "models"
 BIG = 12 << 20
@@ -98,16 +99,6 @@ def big() -> bytes:
     return np.random.default_rng(1).integers(0, 256, BIG, dtype=np.uint8).tobytes()
 
 
-def tar_of(ir: dict[str, bytes]) -> bytes:
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-        for rel, data in ir.items():
-            info = tarfile.TarInfo(rel)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return archive.getvalue()
-
-
 # -- a service account and the token endpoint that knows it ------------------------------------
 
 
@@ -115,9 +106,9 @@ class TokenEndpoint(http.server.BaseHTTPRequestHandler):
     """OAuth 2.0's JWT bearer grant (RFC 7523) as Google's token endpoint answers it: the assertion must be
     signed by the key the endpoint knows for its issuer, else ``invalid_grant``."""
 
-    public_keys: dict[str, bytes] = {}  # client_email -> PEM public key
-    issued: dict[str, str] = {}  # access token -> client_email
-    asked: list[dict[str, str]] = []
+    public_keys: ClassVar[dict[str, bytes]] = {}  # client_email -> PEM public key
+    issued: ClassVar[dict[str, str]] = {}  # access token -> client_email
+    asked: ClassVar[list[dict[str, str]]] = []
 
     def log_message(self, *args: object) -> None:
         pass

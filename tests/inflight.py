@@ -18,9 +18,9 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 _TCP_INFO_BYTES_ACKED = 120  # offset of tcpi_bytes_acked (__u64) in struct tcp_info, Linux >= 4.2
 

@@ -84,7 +84,7 @@ class ControlPlane:
             subprocess.run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(self.dir / "sa.pub")],
                            check=True, capture_output=True)
 
-    def start(self, attempts: int = 3) -> "ControlPlane":
+    def start(self, attempts: int = 3) -> ControlPlane:
         self._prepare()
         for attempt in range(attempts):
             try:
@@ -95,7 +95,7 @@ class ControlPlane:
                     raise
         raise AssertionError("unreachable")
 
-    def _start_once(self) -> "ControlPlane":
+    def _start_once(self) -> ControlPlane:
         etcd_port, peer_port, api_port = free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"

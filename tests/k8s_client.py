@@ -11,8 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
@@ -125,8 +125,10 @@ def roll_out(kube: Kube, ns: str, name: str, ready: bool = True) -> None:
     want = dep["spec"].get("replicas", 1)
     count = want if ready else 0
     conds = [{"type": "Available", "status": "True" if ready else "False", "lastUpdateTime": now,
-              "lastTransitionTime": now, "reason": "MinimumReplicasAvailable" if ready else "MinimumReplicasUnavailable",
-              "message": "Deployment has minimum availability." if ready else "Deployment does not have minimum availability."},
+              "lastTransitionTime": now,
+              "reason": "MinimumReplicasAvailable" if ready else "MinimumReplicasUnavailable",
+              "message": "Deployment has minimum availability." if ready
+              else "Deployment does not have minimum availability."},
              {"type": "Progressing", "status": "True", "lastUpdateTime": now, "lastTransitionTime": now,
               "reason": "NewReplicaSetAvailable", "message": f'ReplicaSet "{name}-1" has successfully progressed.'}]
     kube.patch(deploy_path(ns, name, "status"), {"status": {
@@ -175,7 +177,7 @@ class Operator:
         self.proc: subprocess.Popen | None = None
         self.logfile = workdir / "operator.log"
 
-    def start(self) -> "Operator":
+    def start(self) -> Operator:
         (self.port,) = free_ports(1)  # kopf's health endpoint cannot report a port 0 back
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env["KUBECONFIG"] = str(self.kubeconfig)
@@ -223,7 +225,7 @@ class Operator:
                 self.proc.wait()
 
 
-# -- fixtures (imported by the test modules that need a control plane) -----------
+# -- fixtures (registered by tests/conftest.py's pytest_plugins; module-scoped: a control plane per module) --
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A fresh control plane for one test module."""
@@ -234,7 +236,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="module")
-def kube(cluster: ControlPlane) -> "Kube":
+def kube(cluster: ControlPlane) -> Kube:
     """The API as cluster admin."""
     return Kube(cluster.url, cluster.admin_token)
 

@@ -79,7 +79,8 @@ def matmul(k: int = 8, n: int = 4) -> ov.Model:
 def conv_stack(layers: int, channels: int, size: int, groups: int = 1, dynamic_size: bool = False) -> ov.Model:
     """x FP32 [-1, channels, size, size] (or [-1, channels, -1, -1]) -> ``layers`` 3x3 convolutions of
     ``channels`` (depthwise-like with ``groups``) with ReLU, stride 1 -> y. Seeded weights, scaled to keep
-    values of one scale through the layers. Each convolution is 2 * size^2 * channels * (channels / groups) * 9 FLOPs at batch 1."""
+    values of one scale through the layers. Each convolution is 2 * size^2 * channels * (channels / groups) * 9
+    FLOPs at batch 1."""
     rng = np.random.default_rng(MATMUL_SEED)
     dim = -1 if dynamic_size else size
     x = ops.parameter(ov.PartialShape([-1, channels, dim, dim]), ov.Type.f32, name="x")

@@ -74,7 +74,7 @@ class OvserveRun:
     def grpc(self, component: str = "predictor") -> str:
         return f"127.0.0.1:{self.urls[component][1]}"
 
-    def wait_ready(self, timeout: float = 120) -> "OvserveRun":
+    def wait_ready(self, timeout: float = 120) -> OvserveRun:
         """Until it says ``model: ...`` (every component started and ready)."""
         self.child.wait_until(lambda: any(line.startswith("model: ") for line in self.lines), "no 'model:' line",
                               timeout)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import tarfile
 import urllib.request
 from collections.abc import Iterator
 
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from .models import add_one, put_version
+from .storage_tools import tar_of
 
 BUCKET = "models"
 #: objects under a key with a `..` part; S3 takes any key, the storage initializer must not follow it
@@ -55,8 +55,8 @@ def start(ir: dict[str, bytes]) -> Iterator[S3]:
              "aws_secret_access_key": "setup"}
     iam = boto3.client("iam", **setup)
     keys = {}
-    for user, policy in (("reader", '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", '
-                                    '"Action": "s3:*", "Resource": "*"}]}'), ("nobody", None)):
+    for user, policy in (("reader", ('{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", '
+                                    '"Action": "s3:*", "Resource": "*"}]}')), ("nobody", None)):
         iam.create_user(UserName=user)
         if policy:
             iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=policy)
@@ -70,13 +70,7 @@ def start(ir: dict[str, bytes]) -> Iterator[S3]:
         client.put_object(Bucket=BUCKET, Key=f"add-one/{rel}", Body=data)
         client.put_object(Bucket=BUCKET, Key=f"add-one-2/{rel}", Body=data)  # a sibling the prefix must not take
     client.put_object(Bucket=BUCKET, Key="add-one/", Body=b"")  # a folder marker, as consoles make
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-        for rel, data in ir.items():
-            info = tarfile.TarInfo(rel)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    client.put_object(Bucket=BUCKET, Key="archives/add-one.tar.gz", Body=archive.getvalue())
+    client.put_object(Bucket=BUCKET, Key="archives/add-one.tar.gz", Body=tar_of(ir))
     client.put_object(Bucket=BUCKET, Key=EVIL_KEY, Body=b"x")
     client.put_object(Bucket=BUCKET, Key="evil/1/model.xml", Body=b"<net/>")
     big = np.random.default_rng(0).integers(0, 256, BIG, dtype=np.uint8).tobytes()

@@ -8,8 +8,9 @@ A child process is how users run the server, and it keeps the server's protobuf 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from ovserve.server.child import HOST, Child
 

@@ -17,8 +17,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -214,9 +215,9 @@ REST_CASES = [
     pytest.param(INFER, {"inputs": [with_x(data=[True] * 16)]}, {}, 400, ("'x'", "FP32"), id="bools-for-fp32"),
     pytest.param(INFER, {"inputs": [with_x(data={"v": 1})]}, {}, 400, ("'x'", "FP32"), id="object-for-data"),
     # JSON null is no number: numpy would compute it as NaN (and answer null again)
-    pytest.param(INFER, {"inputs": [with_x(data=[None] + GOOD["data"][1:])]}, {}, 400,
+    pytest.param(INFER, {"inputs": [with_x(data=[None, *GOOD["data"][1:]])]}, {}, 400,
                  ("'x'", "FP32", "null is not a number"), id="null-in-data"),
-    pytest.param(INFER, {"inputs": [with_x(data=[[None] + GOOD["data"][1:]])]}, {}, 400,
+    pytest.param(INFER, {"inputs": [with_x(data=[[None, *GOOD["data"][1:]]])]}, {}, 400,
                  ("'x'", "FP32", "null is not a number"), id="null-in-nested-data"),
     pytest.param(INFER, {"inputs": [with_x(shape=[4096, 16], data=[[0.5] * 16] * 4095 + [[None] * 16])]}, {}, 400,
                  ("'x'", "FP32", "null is not a number"), id="null-in-data-of-a-large-body"),
@@ -234,11 +235,11 @@ REST_CASES = [
     pytest.param("/v2/models/dt_bytes/infer",
                  {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1, 4], "data": [1, True, "a", "b"]}]},
                  {}, 400, ("'x'", "BYTES", "is not a string"), id="numbers-for-bytes"),
-    pytest.param(INFER, {"inputs": [with_x(data=[True] + GOOD["data"][1:])]}, {}, 400,
+    pytest.param(INFER, {"inputs": [with_x(data=[True, *GOOD["data"][1:]])]}, {}, 400,
                  ("'x'", "FP32", "true/false is not a number"), id="a-bool-among-numbers"),
     pytest.param(INFER, {"inputs": [with_x(data=["NaN"] * 16)]}, {}, 400, ("'x'", "FP32", "a string"),
                  id="nan-string-for-fp32"),
-    pytest.param(INFER, {"inputs": [with_x(data=[1e39] + GOOD["data"][1:])]}, {}, 400,
+    pytest.param(INFER, {"inputs": [with_x(data=[1e39, *GOOD["data"][1:]])]}, {}, 400,
                  ("'x'", "FP32", "1e+39 is out of range"), id="fp32-overflow"),
     pytest.param(INFER, b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [NaN'
                  + b", 1" * 15 + b"]}]}", {}, 400, "not valid JSON", id="nan-literal-in-data"),
@@ -494,7 +495,7 @@ def peak_rss_since_reset(pid: int) -> Callable[[], int]:
     status = Path(f"/proc/{pid}/status")
 
     def field(name: str) -> int:
-        line = next(l for l in status.read_text().splitlines() if l.startswith(name + ":"))
+        line = next(ln for ln in status.read_text().splitlines() if ln.startswith(name + ":"))
         return int(line.split()[1]) * 1024
 
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # Linux: VmHWM := current RSS
@@ -741,7 +742,7 @@ def test_grpc_stream_reports_errors_in_band_and_keeps_going(server, stub) -> Non
     mark = len(server.lines)
     replies = list(stub.ModelStreamInfer(iter(requests_), timeout=30))
     assert len(replies) == len(requests_)
-    for (_, _, needle), reply in zip(bad, replies):
+    for (_, _, needle), reply in zip(bad, replies, strict=True):
         assert reply.error_message and not reply.HasField("infer_response"), reply
         for n in _needles(needle):
             assert n in reply.error_message, (n, reply.error_message)
@@ -885,7 +886,7 @@ def test_body_over_the_limit(start_server, demo_repo, how) -> None:
                 yield body[i:i + 1000]
 
         big = np.zeros((LIMIT // 64 + 1, 16), np.float32)
-        for name, path, data, headers in [
+        for _name, path, data, headers in [
             ("json", INFER, _padded_json(LIMIT + 1), {}),
             ("json-much-larger", INFER, _padded_json(1 << 20), {}),
             ("chunked", INFER, chunks(), {}),

@@ -30,7 +30,7 @@ def _soak(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, "-m", "bench.soak", "--out", str(tmp_path), "--json", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 
@@ -68,7 +68,8 @@ def test_soak_mixed_load_reports_every_stream_without_errors(tmp_path: Path) -> 
     assert result["cpu"]["server_pct"] > 0 and result["cpu"]["server_first_pct"] > 0
     fair = {f["model"]: f for f in result["fairness"]}
     assert set(fair) == {"add", "resnetish", "small_classifier"}
-    assert set(fair["add"]["ratio"]) == {"rest-json", "rest-binary"} and set(fair["resnetish"]["ratio"]) == {"rest-binary"}
+    assert set(fair["add"]["ratio"]) == {"rest-json",
+                                         "rest-binary"} and set(fair["resnetish"]["ratio"]) == {"rest-binary"}
     for f in fair.values():
         assert f["worst_ratio"] == max(f["ratio"].values()) > 0 and 0 < f["grpc_share"] < 1
         assert f["within"] == (f["worst_ratio"] <= soak.FAIR)
@@ -97,7 +98,8 @@ def test_soak_exits_nonzero_when_requests_fail(tmp_path: Path) -> None:
     assert "gRPC status 3" in by["small_classifier", "grpc"]["first_error"]  # INVALID_ARGUMENT
     for key in (("small_classifier", "rest-binary"), ("small_classifier", "grpc")):
         assert by[key]["errors"] >= 1 and by[key]["error_kinds"] == {"first answer": by[key]["errors"]}
-    assert result["errors"] == by["small_classifier", "rest-binary"]["errors"] + by["small_classifier", "grpc"]["errors"]
+    assert result["errors"] == by["small_classifier",
+                                  "rest-binary"]["errors"] + by["small_classifier", "grpc"]["errors"]
     assert "- Errors: 2 (" in proc.stdout and "pixels" in proc.stdout, proc.stdout[-3000:]
 
 

@@ -6,10 +6,11 @@ the reason otherwise.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -47,10 +48,8 @@ def one_cpu_cgroup() -> Iterator[Path]:
         pytest.skip("one CPU in sight: a quota of one CPU caps nothing")
     folder = _new_cgroup(100_000, 100_000)
     yield folder
-    try:
+    with contextlib.suppress(OSError):  # a process still inside (stopped: the kernel frees the group when it is gone)
         folder.rmdir()
-    except OSError:
-        pass  # a process still inside (it was stopped; the kernel frees the group when it is gone)
 
 
 def test_a_server_in_a_one_cpu_cgroup_runs_openvino_on_one_thread(tmp_path: Path, one_cpu_cgroup: Path) -> None:

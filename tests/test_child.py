@@ -22,7 +22,8 @@ from .servers import EXACT
 IGNORES_SIGTERM = textwrap.dedent("""
     import signal, subprocess, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    grandchild = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+    ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    grandchild = subprocess.Popen([sys.executable, "-c", ignores_term])
     print("grandchild", grandchild.pid, file=sys.stderr, flush=True)
     time.sleep(120)
 """)
@@ -56,7 +57,7 @@ def test_a_failed_wait_says_why_with_the_log() -> None:
         child.wait_ports(timeout=30)
     silent = Child(python("import time; time.sleep(30)"), name="silent")
     try:
-        with pytest.raises(TimeoutError, match="silent: no bound ports not within 0.3s"):
+        with pytest.raises(TimeoutError, match=r"silent: no bound ports not within 0\.3s"):
             silent.wait_ports(timeout=0.3)
     finally:
         silent.stop()
@@ -134,7 +135,7 @@ def test_children_start_while_grpc_is_busy_on_other_threads() -> None:
     anything imports grpc, as bench/__init__.py does; a starter with this environment loses no child.
     Without the setting this fails nearly every time (150 spawns)."""
     assert os.environ.get("GRPC_ENABLE_FORK_SUPPORT") == "false"
-    spawner = Child(python(SPAWNS_BESIDE_GRPC) + ["150"], name="spawner", merge_output=True)
+    spawner = Child([*python(SPAWNS_BESIDE_GRPC), "150"], name="spawner", merge_output=True)
     try:
         line = spawner.wait_log(r"^failed \d+", timeout=120)
     finally:

@@ -17,7 +17,8 @@ COMMANDS = ("serve", "demo", "storage-initializer", "transformer", "explainer", 
 
 
 def ovserve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ovserve.server", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "ovserve.server", *args], capture_output=True, text=True, timeout=60,
+                          check=False)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -60,7 +61,8 @@ def test_serve_does_not_import_the_other_components() -> None:
 
 @pytest.mark.parametrize("args", [
     ["serve", "--grpc-port", "99999"], ["serve", "--rest-port", "-1"], ["serve", "--metrics-port", "80000"],
-    ["serve", "--ts-inference-port", "70000"], ["serve", "--ts-management-port", "65536"], ["serve", "--rest-port", "x"],
+    ["serve", "--ts-inference-port",
+     "70000"], ["serve", "--ts-management-port", "65536"], ["serve", "--rest-port", "x"],
     ["transformer", "--model_name", "m", "--predictor_host", "p:8080", "--http_port", "99999"],
     ["explainer", "--model_name", "m", "--predictor_host", "p:8080", "--grpc_port", "-5"],
 ])
@@ -77,7 +79,7 @@ def test_a_port_out_of_range_is_a_one_line_usage_error(args: list[str], tmp_path
 def test_a_port_from_the_environment_out_of_range_is_refused(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "ovserve.server", "serve", "--model-repository", str(tmp_path)],
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "OVSERVE_GRPC_PORT": "99999"})
+                          env={**os.environ, "OVSERVE_GRPC_PORT": "99999"}, check=False)
     assert done.returncode != 0 and "OVSERVE_GRPC_PORT='99999' is not valid" in done.stderr, done.stderr
 
 
@@ -86,7 +88,8 @@ def test_a_model_store_that_is_not_a_folder_is_a_one_line_usage_error(store: str
     """Issue 34: it was an error only at the first RegisterModel (NOT_FOUND for every name), long after start."""
     (tmp_path / "a-file").write_text("")
     path = tmp_path / store
-    done = ovserve("serve", "--model-repository", str(tmp_path), "--ts-management-port", "0", "--model-store", str(path))
+    done = ovserve("serve", "--model-repository", str(tmp_path), "--ts-management-port", "0", "--model-store",
+                   str(path))
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]  # argparse's usage, then the error on one line
     assert last == f"ovserve serve: error: --model-store {str(path)!r}: " + (
@@ -97,7 +100,7 @@ def test_a_model_store_that_is_not_a_folder_is_a_one_line_usage_error(store: str
 def test_a_model_store_from_the_environment_is_checked_as_the_flag(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "ovserve.server", "serve", "--model-repository", str(tmp_path)],
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "OVSERVE_MODEL_STORE": str(tmp_path / "gone")})
+                          env={**os.environ, "OVSERVE_MODEL_STORE": str(tmp_path / "gone")}, check=False)
     assert done.returncode == 2 and f"--model-store {str(tmp_path / 'gone')!r}: no such folder" in done.stderr, \
         done.stderr
 

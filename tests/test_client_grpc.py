@@ -25,13 +25,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from . import client_fixtures
 from .client_fixtures import COLOURS, DATATYPES, X, add_one, matmul_expected, png_images, sample_input
 from .client_proxies import CLIENT_CN, Certs, GrpcGate, TlsRelay, needs_openssl
 from .servers import ServerProcess, TransformerProcess
-
-# the shared fixtures, by name (pytest finds a fixture among the module's globals)
-transformer, image_server, certs = client_fixtures.transformer, client_fixtures.image_server, client_fixtures.certs
 
 
 def run_scenario(name: str, **args: Any) -> None:

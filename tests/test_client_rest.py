@@ -30,15 +30,12 @@ from ovserve.client import (
     UnsupportedProtocol,
 )
 
-from . import client_fixtures, models
+from . import models
 from .client_fixtures import COLOURS, DATATYPES, X, add_one, png_images, sample_input
 from .client_proxies import CLIENT_CN, Certs, DroppingRelay, TlsRelay, needs_openssl
 from .servers import ExplainerProcess, ServerProcess, TransformerProcess
 
 W, B = models.matmul_weights()
-# the shared fixtures, by name (pytest finds a fixture among the module's globals)
-transformer, image_server, certs = client_fixtures.transformer, client_fixtures.image_server, client_fixtures.certs
-
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)

@@ -77,7 +77,8 @@ def missing_reason() -> str | None:
         return None  # a registry's image: the build pulls it (and fails, saying why, where it cannot)
     if not STORAGE_CONF.is_file():
         return f"no image test bed in {CACHE}: run scripts/image_testbed.sh (scripts/test.sh does)"
-    found = subprocess.run(["buildah", "inspect", "--type", "image", BASE], env=ENV, capture_output=True, timeout=60)
+    found = subprocess.run(["buildah", "inspect", "--type", "image", BASE], env=ENV, capture_output=True, timeout=60,
+                           check=False)
     if found.returncode != 0:
         return f"no base image {BASE} in {CACHE}: run scripts/image_testbed.sh"
     return None
@@ -89,7 +90,7 @@ pytestmark = [pytest.mark.skipif(missing_reason() is not None, reason=str(missin
 
 
 def run(*argv: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(list(argv), env=ENV, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(list(argv), env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
     if check and out.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
     return out

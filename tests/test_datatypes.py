@@ -16,8 +16,9 @@ from __future__ import annotations
 import functools
 import json
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -50,7 +51,7 @@ def as_bytes_array(arr: np.ndarray) -> np.ndarray:
     return objects(flat, arr.shape)
 
 
-def assert_tensor(reply: "Reply", name: str, datatype: str, expected: np.ndarray) -> None:
+def assert_tensor(reply: Reply, name: str, datatype: str, expected: np.ndarray) -> None:
     assert reply.datatypes[name] == datatype
     got = reply.outputs[name]
     assert got.shape == expected.shape

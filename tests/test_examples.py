@@ -31,7 +31,8 @@ def load(path: Path) -> dict:
 
 def kids(name: str) -> dict[tuple[str, str], dict]:
     isvc = load(ROOT / "examples" / name)
-    return {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validation.validate(isvc), Config(image="ovserve:0.1.0"))}
+    children = manifests.children(validation.validate(isvc), Config(image="ovserve:0.1.0"))
+    return {(c["kind"], c["metadata"]["name"]): c for c in children}
 
 
 def test_there_are_examples_of_each_shape() -> None:

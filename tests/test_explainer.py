@@ -17,8 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import cv2
 import numpy as np
@@ -26,7 +26,6 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 import requests
-
 
 from . import models
 from .servers import EXACT, ExplainerProcess, ServerProcess
@@ -348,13 +347,15 @@ def test_the_operator_wiring_of_the_example_starts_the_explainer(predictor):
     (container,) = children[("Deployment", "cat-classifier-explainer")]["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     ns = build_parser().parse_args(args)
-    assert (ns.command, ns.model_name, ns.predictor_host) == ("explainer", "cat-classifier", "cat-classifier-predictor.ml")
+    assert (ns.command, ns.model_name,
+            ns.predictor_host) == ("explainer", "cat-classifier", "cat-classifier-predictor.ml")
     assert ns.rest_port == container["ports"][0]["containerPort"] and ns.predictor_protocol == "v2"
     # The same args, pointed at a local predictor on an ephemeral port, serve explanations of its model.
-    local = dict(zip(args[1::2], args[2::2])) if len(args) % 2 else {}
+    local = dict(zip(args[1::2], args[2::2], strict=True)) if len(args) % 2 else {}
     assert local, args
     explainer = ExplainerProcess("linear", f"127.0.0.1:{predictor.rest_port}",
-                                 *[x for k, v in local.items() if k not in ("--model_name", "--predictor_host", "--http_port")
+                                 *[x for k,
+                                   v in local.items() if k not in ("--model_name", "--predictor_host", "--http_port")
                                    for x in (k, v)])
     try:
         r = requests.post(f"{explainer.wait_ready().url}/v1/models/linear:explain", json={"instances": X[:1].tolist()},
@@ -374,7 +375,8 @@ def test_flags_take_kserve_and_dashed_names():
                "--predictor-use-ssl", "true", "--predictor-request-timeout-seconds", "3"])
     assert vars(a) == vars(b)
     assert (a.model_name, a.predictor_host, a.rest_port, a.predictor_use_ssl) == ("m", "p:81", 0, True)
-    assert parse(["explainer", "--model_name", "m", "--predictor_host", "p", "--predictor_use_ssl", "false"]).predictor_use_ssl is False
+    assert parse(["explainer", "--model_name", "m", "--predictor_host", "p", "--predictor_use_ssl",
+                  "false"]).predictor_use_ssl is False
 
 
 @pytest.mark.parametrize("args,message", [
@@ -385,6 +387,6 @@ def test_flags_take_kserve_and_dashed_names():
 def test_bad_flags_exit_with_a_message(args, message):
     base = ["--model_name", "m", "--predictor_host", "127.0.0.1:1", "--http_port", "0", "--host", "127.0.0.1"]
     proc = subprocess.run([sys.executable, "-m", "ovserve.server", "explainer", *base, *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -46,7 +46,8 @@ def _mask(box: tuple[int, int, int, int]) -> np.ndarray:
     """The box, scaled from the photo to the 224x224 image the model sees."""
     x0, y0, x1, y1 = box
     m = np.zeros((SIZE, SIZE), dtype=bool)
-    m[round(y0 * SIZE / PHOTO_H):round(y1 * SIZE / PHOTO_H), round(x0 * SIZE / PHOTO_W):round(x1 * SIZE / PHOTO_W)] = True
+    m[round(y0 * SIZE / PHOTO_H):round(y1 * SIZE / PHOTO_H),
+      round(x0 * SIZE / PHOTO_W):round(x1 * SIZE / PHOTO_W)] = True
     return m
 
 
@@ -102,7 +103,8 @@ def explainer(predictor) -> Iterator[ExplainerProcess]:
 
 def test_v1_default_explanation_puts_its_mass_on_the_cat(explainer, cat):
     t0 = time.monotonic()
-    r = requests.post(f"{explainer.url}/v1/models/mobilenet_v2:explain", json={"instances": [cat.tolist()]}, timeout=120)
+    r = requests.post(f"{explainer.url}/v1/models/mobilenet_v2:explain", json={"instances": [cat.tolist()]},
+                      timeout=120)
     elapsed = time.monotonic() - t0
     assert r.status_code == 200, r.text
     body = r.json()
@@ -119,7 +121,8 @@ def test_v1_default_explanation_puts_its_mass_on_the_cat(explainer, cat):
 
 def test_v2_default_explanation_puts_its_mass_on_the_cat(explainer, cat):
     req = {"id": "cat",
-           "inputs": [{"name": "image", "datatype": "UINT8", "shape": [1, SIZE, SIZE, 3], "data": cat.ravel().tolist()}]}
+           "inputs": [{"name": "image", "datatype": "UINT8", "shape": [1, SIZE, SIZE, 3],
+                       "data": cat.ravel().tolist()}]}
     r = requests.post(f"{explainer.url}/v2/models/mobilenet_v2/explain", json=req, timeout=120)
     assert r.status_code == 200, r.text
     body = r.json()

@@ -9,7 +9,8 @@ from ovserve.server.components import saliency
 
 
 @pytest.mark.parametrize("h,w,patch,stride", [
-    (10, 10, 4, 3), (224, 224, 32, 32), (224, 224, 28, 14), (7, 5, 3, 2), (5, 5, 8, 2), (1, 9, 1, 1), (300, 451, 40, 37),
+    (10, 10, 4,
+     3), (224, 224, 32, 32), (224, 224, 28, 14), (7, 5, 3, 2), (5, 5, 8, 2), (1, 9, 1, 1), (300, 451, 40, 37),
 ])
 def test_windows_cover_every_pixel_and_count_matches(h, w, patch, stride):
     win = saliency.windows(h, w, patch, stride)
@@ -104,8 +105,8 @@ def test_ablation_of_a_linear_model_is_w_times_x_minus_baseline():
     assert copies.shape == (4, 4)
     attr = plan.attributions(float(x @ w + 7), copies.astype(np.float64) @ w + 7)
     np.testing.assert_allclose(attr, w * (x - b), rtol=1e-6)
-    np.testing.assert_allclose(saliency.ablation(x).attributions(float(x @ w), saliency.ablation(x).perturbed(0, 4) @ w), w * x,
-                               rtol=1e-6)
+    ablation = saliency.ablation(x)
+    np.testing.assert_allclose(ablation.attributions(float(x @ w), ablation.perturbed(0, 4) @ w), w * x, rtol=1e-6)
 
 
 @pytest.mark.parametrize("call,message", [

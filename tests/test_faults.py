@@ -19,7 +19,8 @@ import json
 import re
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -63,7 +64,8 @@ def _model_entry(name: str, **options: Any) -> dict:
 def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("faults")
     models.save(models.two_in_two_out(), repo, "pair")  # LATENCY: tiny inferences run inline
-    models.save(models.two_in_two_out(), repo, "pair_one_thread")  # inline on one thread: only shapes the shape check vouched for
+    models.save(models.two_in_two_out(), repo,
+                "pair_one_thread")  # inline on one thread: only shapes the shape check vouched for
     models.save(models.two_in_two_out(W), repo, "pair_async")
     models.save(models.two_in_two_out(), repo, "pair_batched")
     models.save(models.reshape_by_value(), repo, "by_value")
@@ -163,7 +165,7 @@ def _request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRequest:
 
 def _outputs(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return {o.name: np.frombuffer(raw, np.float32).reshape(list(o.shape))
-            for o, raw in zip(resp.outputs, resp.raw_output_contents)}
+            for o, raw in zip(resp.outputs, resp.raw_output_contents, strict=True)}
 
 
 _GRPC_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.INTERNAL: 500}
@@ -230,7 +232,7 @@ def test_inputs_that_fail_inside_openvino_are_answered_and_the_model_keeps_servi
         if model == "pair_batched":  # refused before batching: dimension 0 is the batch
             assert "disagree on the batch size" in error and "a has 2, b has 3" in error, error
         else:
-            assert REFUSED in error and "a [2,%d], b [3,%d]" % (width, width) in error, error
+            assert REFUSED in error and f"a [2,{width}], b [3,{width}]" in error, error
         good = _pair(2, 2, width, seed=100 + i)
         status, outputs = send(fault_server, model, good)
         assert status == 200, outputs
@@ -287,7 +289,8 @@ def _concurrently(*calls: Callable[[], Any], stagger: float = 0.005) -> list[Any
 
 
 @pytest.mark.parametrize("transport", ["rest-json", "rest-binary", "grpc"])
-def test_batching_never_answers_a_client_with_another_clients_input(fault_server: ServerProcess, transport: str) -> None:
+def test_batching_never_answers_a_client_with_another_clients_input(fault_server: ServerProcess,
+                                                                    transport: str) -> None:
     """Item 1 as reported: client 2's ``b`` is empty; it must never get client 1's ``b`` back."""
     send = TRANSPORTS[transport]
     one = {"a": np.ones((1, 4), np.float32), "b": np.array([[100, 200, 300, 400]], np.float32)}
@@ -309,9 +312,10 @@ def test_one_bad_member_of_a_batch_fails_alone(fault_server: ServerProcess, tran
     goods = [_by_value(4, rows=1, seed=200 + i) for i in range(3)]
     bad = _by_value(3, rows=1, seed=299)
     calls = [lambda g=g: send(fault_server, "by_value_batched", g) for g in goods[:2]]
-    calls += [lambda: send(fault_server, "by_value_batched", bad), lambda: send(fault_server, "by_value_batched", goods[2])]
+    calls += [lambda: send(fault_server, "by_value_batched", bad),
+              lambda: send(fault_server, "by_value_batched", goods[2])]
     results = _concurrently(*calls)
-    for good, (status, outputs) in zip(goods[:2] + [None, goods[2]], results):
+    for good, (status, outputs) in zip([*goods[:2], None, goods[2]], results, strict=True):
         if good is None:
             assert status == 400 and REFUSED in outputs, (status, outputs)
         else:
@@ -403,7 +407,7 @@ def test_a_value_that_failed_a_batch_fails_no_later_batch(fault_server: ServerPr
         results = _concurrently(*calls, stagger=0.001)
         bad_status, bad_error = results.pop(2)
         assert bad_status == 400 and REFUSED in bad_error, (bad_status, bad_error)
-        for good, (status, outputs) in zip(goods, results):
+        for good, (status, outputs) in zip(goods, results, strict=True):
             assert status == 200, outputs
             np.testing.assert_array_equal(outputs["y"], good["x"])
     for i in range(6):

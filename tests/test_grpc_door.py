@@ -36,19 +36,27 @@ import numpy as np
 import psutil
 import pytest
 import requests
-from hyperframe.frame import (ContinuationFrame, DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame,
-                              RstStreamFrame, SettingsFrame)
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    RstStreamFrame,
+    SettingsFrame,
+)
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
 from .client_proxies import Certs, make_certs, needs_openssl
+from .h2frames import PREFACE, grpc_message
 from .servers import ServerProcess
 from .tls_tools import tls_flags, wait_https
 
 pytestmark = pytest.mark.integration
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 #: how much slower the well-behaved client's median call may be during an attack than before it
 SLOWER_BY_S = 0.025
@@ -81,8 +89,7 @@ def _request(model: str = "add") -> pb.ModelInferRequest:
 
 
 def _message(req: pb.ModelInferRequest) -> bytes:
-    body = req.SerializeToString()
-    return b"\x00" + struct.pack(">I", len(body)) + body
+    return grpc_message(req.SerializeToString())
 
 
 HEADERS = [(":method", "POST"), (":scheme", "http"), (":path", METHOD), (":authority", "ovserve"),
@@ -155,7 +162,7 @@ class Attacker:
         self.sock.settimeout(patience)
         try:
             self.sock.sendall(data)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return False
         except OSError:
             self.closed_by_server = True
@@ -182,7 +189,7 @@ class Attacker:
         while time.monotonic() < deadline:
             try:
                 chunk = self.sock.recv(1 << 20)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 self.closed_by_server = True
@@ -377,9 +384,8 @@ def test_a_20000_character_model_name_is_not_echoed_whole(server: ServerProcess)
     """The name is cut in the error (item 10), so the reply fits the 16 KiB of headers gRPC clients take: the
     client sees NOT_FOUND, not its own RESOURCE_EXHAUSTED; the same message over REST."""
     name = "m" * 20_000
-    with grpc.insecure_channel(server.grpc_target) as channel:
-        with pytest.raises(grpc.RpcError) as err:
-            pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(_request(name), timeout=10)
+    with grpc.insecure_channel(server.grpc_target) as channel, pytest.raises(grpc.RpcError) as err:
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(_request(name), timeout=10)
     assert err.value.code() is grpc.StatusCode.NOT_FOUND, err.value
     details = err.value.details() or ""
     assert "mmmm" in details and len(details) < 1000, len(details)
@@ -706,8 +712,8 @@ def test_over_tls_raw_frames_past_the_metadata_limit_are_answered(tls_server: tu
     started = time.monotonic()
     attacker.send(first.serialize() + rest.serialize() + DataFrame(1, _message(_request()), flags=["END_STREAM"])
                   .serialize())
-    frames = attacker.frames(5.0, until=lambda f: f.stream_id == 1 and (
-        isinstance(f, RstStreamFrame) or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags))
+    frames = attacker.frames(5.0, until=lambda f: (f.stream_id == 1 and (
+        isinstance(f, RstStreamFrame) or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags)))
         or isinstance(f, GoAwayFrame))
     took = time.monotonic() - started
     statuses = [fields for _, fields in _statuses(frames) if "grpc-status" in fields]

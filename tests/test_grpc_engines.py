@@ -192,7 +192,8 @@ def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: 
         assert names.count("grpc-native-io") == expected, names
         client = tgrpc.InferenceServerClient(proc.grpc_target)
         try:
-            np.testing.assert_array_equal(grpc_infer(client, "add", np.ones((1, 16), np.float32)), np.full((1, 16), 2.0))
+            np.testing.assert_array_equal(grpc_infer(client, "add", np.ones((1, 16), np.float32)),
+                                          np.full((1, 16), 2.0))
         finally:
             client.close()
     finally:

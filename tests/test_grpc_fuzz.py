@@ -36,11 +36,32 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from . import models
+from .h2frames import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    MAX_STREAM,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+    grpc_message,
+    split,
+)
 from .servers import ServerProcess
 
 # the fuzz tier (tests/tiers.py MODULE_TIERS): pytest -m fuzz
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 #: how long the server has to answer (or close) once the sequence is sent
 ANSWER_S = 5.0
@@ -53,22 +74,11 @@ FUZZ = settings(max_examples=int(_asked) if _asked else CI_EXAMPLES, derandomize
                 database=None if not _asked else settings.default.database, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-# frame types (RFC 9113 §6) and flags
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-MAX_STREAM = (1 << 31) - 1
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
-
-
 def _message() -> bytes:
     req = pb.ModelInferRequest(model_name="add")
     req.inputs.add(name="x", datatype="FP32", shape=[1, 16])
     req.raw_input_contents.append(np.arange(16, dtype=np.float32).tobytes())
-    body = req.SerializeToString()
-    return b"\x00" + struct.pack(">I", len(body)) + body
+    return grpc_message(req.SerializeToString())
 
 
 MESSAGE = _message()
@@ -84,7 +94,8 @@ def _block(fields: list[tuple[str, str]]) -> bytes:
 # -- what a sequence is made of ---------------------------------------------------------------------------------
 
 streams = st.one_of(st.sampled_from([1, 3, 5, 7, 9]), st.sampled_from([0, 2, 4]),
-                    st.integers(0, MAX_STREAM), st.just(MAX_STREAM), st.integers(1, MAX_STREAM).map(lambda s: s | 1 << 31))
+                    st.integers(0, MAX_STREAM), st.just(MAX_STREAM),
+                    st.integers(1, MAX_STREAM).map(lambda s: s | 1 << 31))
 any_flags = st.integers(0, 255)
 u32 = st.one_of(st.sampled_from([0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]), st.integers(0, 0xFFFFFFFF))
 
@@ -192,7 +203,7 @@ def well_behaved(draw: st.DrawFn) -> list[bytes]:
         elif step == "settings":
             pairs = draw(st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 5, 6]), st.integers(0, 1 << 20)), max_size=3))
             out.append(frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", k, v) for k, v in pairs
-                                                      if (k != 2 or v <= 1) and (k != 5 or 16384 <= v))))
+                                                      if (k != 2 or v <= 1) and (k != 5 or v >= 16384))))
         elif step == "ping":
             out.append(frame(PING, 0, 0, draw(st.binary(min_size=8, max_size=8))))
         elif step == "priority":
@@ -259,7 +270,7 @@ class Reader:
             self.sock.settimeout(min(left, 0.5))
             try:
                 chunk = self.sock.recv(1 << 16)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:  # reset
                 self.closed = True
@@ -267,15 +278,8 @@ class Reader:
             if not chunk:
                 self.closed = True
                 continue
-            self.buffer += chunk
-            while len(self.buffer) >= 9:
-                length = int.from_bytes(self.buffer[:3], "big")
-                if len(self.buffer) < 9 + length:
-                    break
-                kind, flags = self.buffer[3], self.buffer[4]
-                stream = int.from_bytes(self.buffer[5:9], "big") & MAX_STREAM
-                self.seen.append((kind, flags, stream, self.buffer[9:9 + length]))
-                self.buffer = self.buffer[9 + length:]
+            whole, self.buffer = split(self.buffer + chunk)
+            self.seen += whole
 
 
 def _send(sock: socket.socket, data: bytes) -> bool:
@@ -326,8 +330,8 @@ def exchange(server: ServerProcess, seq: Sequence) -> str:
         answered = reader.until(lambda k, fl, s, p: s == stream and (k == RST_STREAM or (k == HEADERS
                                                                                           and fl & END_STREAM)),
                                 ANSWER_S)
-        assert answered, f"the call on stream {stream} was neither answered nor the connection closed in " \
-                         f"{ANSWER_S} s; got {_kinds(reader)}"
+        assert answered, (f"the call on stream {stream} was neither answered nor the connection closed in "
+                          f"{ANSWER_S} s; got {_kinds(reader)}")
         return "closed" if reader.closed or any(k == GOAWAY for k, *_ in reader.seen) else "served"
     finally:
         sock.close()

@@ -13,8 +13,8 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import grpc
 import hpack
@@ -26,12 +26,25 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
 from .clients import curl_grpc
+from .h2frames import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    Frame,
+    frame,
+    grpc_message,
+    split,
+)
 from .servers import EXACT, HOST, ServerProcess
 
 TIMEOUT = 20.0
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
-END_STREAM, END_HEADERS = 0x1, 0x4
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PROTOCOL_ERROR, COMPRESSION_ERROR = 1, 9
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
@@ -51,19 +64,13 @@ def loop_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         proc.stop()
 
 
-def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return struct.pack(">BHBBI", n >> 16, n & 0xFFFF, kind, flags, sid) + payload
-
-
 def add_request(rows: int) -> bytes:
     req = pb.ModelInferRequest(model_name="add")
     tensor = req.inputs.add()
     tensor.name, tensor.datatype = "x", "FP32"
     tensor.shape.extend([rows, 16])
     req.raw_input_contents.append(np.arange(rows * 16, dtype=np.float32).tobytes())
-    body = req.SerializeToString()
-    return b"\x00" + struct.pack(">I", len(body)) + body
+    return grpc_message(req.SerializeToString())
 
 
 def request_headers(path: str = "/inference.GRPCInferenceService/ModelInfer") -> bytes:
@@ -88,20 +95,16 @@ class RawConnection:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def frames(self, deadline: float) -> Iterator[tuple[int, int, int, bytes]]:
+    def frames(self, deadline: float) -> Iterator[Frame]:
         """Frames until the connection closes (or the deadline: a failure)."""
         while True:
-            while len(self.buf) >= 9:
-                n = int.from_bytes(self.buf[:3], "big")
-                if len(self.buf) < 9 + n:
-                    break
-                kind, flags, sid = self.buf[3], self.buf[4], int.from_bytes(self.buf[5:9], "big") & 0x7FFFFFFF
-                payload, self.buf = self.buf[9:9 + n], self.buf[9 + n:]
-                yield kind, flags, sid, payload
+            for one in split(self.buf)[0]:
+                self.buf = self.buf[9 + len(one[3]):]  # taken as it is yielded: a caller may stop at any frame
+                yield one
             assert time.monotonic() < deadline, "the server neither answered nor closed"
             try:
                 chunk = self.sock.recv(1 << 16)
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 return
             if not chunk:
                 return
@@ -109,7 +112,8 @@ class RawConnection:
 
     def goaway(self) -> int:
         """The error code of the GOAWAY the server closes this connection with."""
-        codes = [struct.unpack(">II", p[:8])[1] for k, _, _, p in self.frames(time.monotonic() + TIMEOUT) if k == GOAWAY]
+        codes = [struct.unpack(">II", p[:8])[1] for k, _, _,
+                 p in self.frames(time.monotonic() + TIMEOUT) if k == GOAWAY]
         assert codes, "the server closed without a GOAWAY"
         return codes[-1]
 
@@ -271,7 +275,7 @@ def test_a_deadline_shorter_than_the_call_ends_it_deadline_exceeded(tmp_path: Pa
             (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "50m")])
         started = time.monotonic()
         conn.send(frame(HEADERS, END_HEADERS, 1, headers)
-                  + frame(DATA, END_STREAM, 1, b"\0" + struct.pack(">I", len(body)) + body))
+                  + frame(DATA, END_STREAM, 1, grpc_message(body)))
         status = message = None
         for kind, flags, sid, payload in conn.frames(time.monotonic() + TIMEOUT):
             if kind == HEADERS and sid == 1 and flags & END_STREAM:

@@ -20,14 +20,18 @@ import pytest
 
 from ovserve.server.transports.grpc import loop as engine
 
-DATA, HEADERS, SETTINGS = 0, 1, 4
-END_STREAM, END_HEADERS = 0x1, 0x4
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-
-def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return struct.pack(">BHBBI", n >> 16, n & 0xFFFF, kind, flags, sid) + payload
+from .h2frames import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    PREFACE,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+    grpc_message,
+    split,
+)
 
 
 class Transport(asyncio.Transport):
@@ -49,14 +53,7 @@ class Transport(asyncio.Transport):
 
 def replies_in(data: bytes) -> list[int]:
     """The streams whose trailers (HEADERS with END_STREAM) are in ``data``."""
-    out, pos = [], 0
-    while pos + 9 <= len(data):
-        n = int.from_bytes(data[pos:pos + 3], "big")
-        kind, flags, sid = data[pos + 3], data[pos + 4], int.from_bytes(data[pos + 5:pos + 9], "big")
-        if kind == HEADERS and flags & END_STREAM:
-            out.append(sid)
-        pos += 9 + n
-    return out
+    return [sid for kind, flags, sid, _ in split(data)[0] if kind == HEADERS and flags & END_STREAM]
 
 
 def requests(streams: list[int], method: str) -> bytes:
@@ -217,7 +214,7 @@ def _echo_calls(bodies: list[bytes]) -> bytes:
         out.append(frame(HEADERS, END_HEADERS, sid, encoder.encode([
             (":method", "POST"), (":scheme", "http"), (":path", "/t.T/AtOnce"), (":authority", "x"),
             ("content-type", "application/grpc")])))
-        out.append(frame(DATA, END_STREAM, sid, struct.pack(">BI", 0, len(body)) + body))
+        out.append(frame(DATA, END_STREAM, sid, grpc_message(body)))
     return b"".join(out)
 
 
@@ -230,20 +227,16 @@ def _echoed(reads: list[bytes]) -> dict[int, bytes]:
         conn.connection_made(transport)
         # windows for the echoes (the second is larger than HTTP/2's default 65,535 bytes)
         conn.data_received(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 1 << 24))
-                           + frame(8, 0, 0, struct.pack(">I", 1 << 24)))
+                           + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 24)))
         for data in reads:
             conn.data_received(data)
             await asyncio.sleep(0)
         await asyncio.sleep(0.02)
         conn.connection_lost(None)
         out: dict[int, bytes] = {}
-        data, pos = b"".join(transport.writes), 0
-        while pos + 9 <= len(data):
-            n = int.from_bytes(data[pos:pos + 3], "big")
-            if data[pos + 3] == DATA:
-                sid = int.from_bytes(data[pos + 5:pos + 9], "big")
-                out[sid] = out.get(sid, b"") + data[pos + 9:pos + 9 + n]
-            pos += 9 + n
+        for kind, _, sid, payload in split(b"".join(transport.writes))[0]:
+            if kind == DATA:
+                out[sid] = out.get(sid, b"") + payload
         return {sid: body[5:] for sid, body in out.items()}
 
     return asyncio.run(main())

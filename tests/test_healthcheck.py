@@ -36,7 +36,7 @@ def healthcheck_argv() -> list[str]:
 
 def health(pid: int, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*healthcheck_argv(), "--pid", str(pid), *args], capture_output=True, text=True,
-                          timeout=30, env={**os.environ, **(env or {})})
+                          timeout=30, env={**os.environ, **(env or {})}, check=False)
 
 
 @pytest.fixture(scope="module")

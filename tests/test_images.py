@@ -66,7 +66,8 @@ def test_dynamic_hw_keeps_size_and_needs_one_size() -> None:
 
 
 def test_ranges_clamp_to_the_nearest_bound() -> None:
-    out = decode_images("x", [encode(solid(100, 3, (5, 5, 5)))], dims(1, (10, 20), (8, 16), 3), "NHWC", np.dtype(np.uint8))
+    out = decode_images("x", [encode(solid(100, 3, (5, 5, 5)))], dims(1, (10, 20), (8, 16), 3), "NHWC",
+                        np.dtype(np.uint8))
     assert out.shape == (1, 20, 8, 3)
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -225,7 +226,8 @@ def grpc_outputs(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return out
 
 
-def _grpc_bytes_contents(srv: ServerProcess, model: str, images: list[bytes], outputs: list[str]) -> dict[str, np.ndarray]:
+def _grpc_bytes_contents(srv: ServerProcess, model: str, images: list[bytes],
+                         outputs: list[str]) -> dict[str, np.ndarray]:
     request = pb.ModelInferRequest(model_name=model, id="typed")
     tensor = request.inputs.add(name=IMAGE, datatype="BYTES", shape=[len(images)])
     tensor.contents.bytes_contents.extend(images)
@@ -294,7 +296,7 @@ def _rest_raw(srv: ServerProcess, model: str, images: list[bytes], outputs: list
 def _rest_raw_no_size(srv: ServerProcess, model: str, images: list[bytes], outputs: list[str]) -> dict[str, np.ndarray]:
     """A single binary input may leave out binary_data_size."""
     inp = {"name": IMAGE, "datatype": "BYTES", "shape": [len(images)]}
-    resp = rest_binary(srv, model, [inp], [length_prefixed(images)], {o: False for o in outputs})
+    resp = rest_binary(srv, model, [inp], [length_prefixed(images)], dict.fromkeys(outputs, False))
     _raise_rest(resp)
     return rest_outputs(resp)
 
@@ -381,7 +383,7 @@ def test_grayscale_model_gets_a_grayscale_decode(image_server: ServerProcess, se
 @pytest.mark.parametrize("sender", SENDERS)
 def test_dynamic_hw_takes_images_of_one_size_unresized(image_server: ServerProcess, sender: str) -> None:
     colours = [(1, 2, 3), (250, 128, 0), (40, 50, 60)]
-    images = [encode(solid(13, 21, c), ext) for c, ext in zip(colours, (".png", ".jpg", ".png"))]
+    images = [encode(solid(13, 21, c), ext) for c, ext in zip(colours, (".png", ".jpg", ".png"), strict=True)]
     got = SENDERS[sender](image_server, "dyn", images, ["mean", "hw"])
     np.testing.assert_array_equal(got["hw"], [13, 21])
     np.testing.assert_allclose(got["mean"], colours, atol=JPEG_TOLERANCE)

@@ -96,7 +96,7 @@ def sdk(server, x: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> dict
     script = tmp_path_factory.mktemp("sdk") / "sdk_client.py"
     script.write_text(SDK_CLIENT)
     proc = subprocess.run([sys.executable, str(script), server.url, server.grpc_target, json.dumps(x.tolist())],
-                          capture_output=True, text=True, timeout=TIMEOUT)
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -141,7 +141,7 @@ def curl_post(url: str, body: Path) -> tuple[int, dict, str]:
         [CURL, "-sS", "-v", "--max-time", "20", "-X", "POST", "-H", "Content-Type:",
          "--data-binary", f"@{body}", "-o", str(out), "-w", "%{http_code}", url],
         capture_output=True, text=True, timeout=TIMEOUT,
-    )
+     check=False)
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout), json.loads(out.read_text()), proc.stderr
 

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -166,7 +167,8 @@ def test_config_mode_resolves_base_path_against_the_config_folder(tmp_path: Path
 def test_single_model_mode(tmp_path: Path, start_server) -> None:
     for v in (1, 2):
         put_version(versioned(v), tmp_path / "whatever", v)
-    server = start_server("--model-name", "resnet", "--model-path", tmp_path / "whatever", "--poll-interval", "0", *EXACT)
+    server = start_server("--model-name", "resnet", "--model-path", tmp_path / "whatever", "--poll-interval", "0",
+                          *EXACT)
     assert delta(server, "resnet") == 2
     assert metadata_versions(server, "resnet") == ["2"]
     assert requests.get(server.url + "/v2/models", timeout=10).json() == {"models": ["resnet"]}
@@ -176,7 +178,7 @@ def test_single_model_mode(tmp_path: Path, start_server) -> None:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ovserve.server", *args], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})}, cwd=REPO_ROOT)
+                          timeout=60, env={**os.environ, **(env or {})}, cwd=REPO_ROOT, check=False)
 
 
 @pytest.mark.parametrize(
@@ -237,7 +239,8 @@ def test_a_taken_port_names_its_listener_flag_and_port(tmp_path: Path, start_ser
 def test_a_host_that_is_not_an_address_names_the_flag(tmp_path: Path) -> None:
     put_version(models.add_one(), tmp_path / "repo" / "add", 1)
     done = subprocess.run([sys.executable, "-m", "ovserve.server", "serve", "--model-repository",
-                           str(tmp_path / "repo"), "--host", "256.1.1.1"], capture_output=True, text=True, timeout=60)
+                           str(tmp_path / "repo"), "--host", "256.1.1.1"], capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 1
     assert "cannot start: rest cannot listen on 256.1.1.1:8080 (--rest-port, --host): " in done.stderr, done.stderr
     assert "shutting down" not in done.stderr, done.stderr
@@ -248,7 +251,8 @@ def test_a_host_that_is_not_an_address_names_the_flag(tmp_path: Path) -> None:
     [
         ("{ not json", "config is not valid JSON"),
         (json.dumps(config_doc({"name": "a"})), "model_config_list[0] (a): 'base_path' is required"),
-        (json.dumps(config_doc({"name": "a", "base_path": "a", "model_version_policy": {"latest": {"num_versions": 0}}})),
+        (json.dumps(config_doc({"name": "a", "base_path": "a",
+                                "model_version_policy": {"latest": {"num_versions": 0}}})),
          "latest.num_versions must be a positive integer"),
         (None, "cannot read config file"),
         # issue 15 item 12: what is not UTF-8 text, or no config at all, is refused the same way.
@@ -308,7 +312,8 @@ def test_version_policies(tmp_path: Path, start_server) -> None:
         for v in (1, 2, 3):
             if v in versions:
                 assert delta(server, model, v) == v
-                assert requests.get(f"{server.url}/v2/models/{model}/versions/{v}", timeout=10).json()["versions"] == [str(v)]
+                assert requests.get(f"{server.url}/v2/models/{model}/versions/{v}",
+                                    timeout=10).json()["versions"] == [str(v)]
                 np.testing.assert_array_equal(grpc_infer(client, model, X, str(v)), X + v)
             else:
                 resp = infer(server, model, X, v)
@@ -337,7 +342,8 @@ def test_new_version_and_new_model_appear_without_restart(tmp_path: Path, start_
     assert metadata_versions(server, "m") == ["2"]
     resp = infer(server, "m", X, 1)
     assert resp.status_code == 503 and "version 1 is END" in resp.json()["error"], resp.text
-    assert {(r["version"], r["state"]) for r in index(server) if r["name"] == "m"} == {("1", "UNAVAILABLE"), ("2", "READY")}
+    assert {(r["version"],
+             r["state"]) for r in index(server) if r["name"] == "m"} == {("1", "UNAVAILABLE"), ("2", "READY")}
     # A new model folder is a new model.
     put_version(versioned(7), repo / "n", 1)
     wait_until(lambda: infer(server, "n").status_code == 200, "model n", server)
@@ -420,7 +426,8 @@ def test_every_policy_follows_the_disk_both_ways(tmp_path: Path, start_server) -
     for what, change, expected in steps:
         change()
         for model, want in expected.items():
-            wait_until(lambda: states(server, model) == want, f"{model} after '{what}': {want}", server)
+            wait_until(lambda model=model, want=want: states(server, model) == want,
+                       f"{model} after '{what}': {want}", server)
             serving = sorted(int(v) for v, state in want.items() if state == A)
             assert delta(server, model) == serving[-1]
             for v in want:
@@ -430,7 +437,8 @@ def test_every_policy_follows_the_disk_both_ways(tmp_path: Path, start_server) -
                     assert infer(server, model, X, v).status_code == 503
 
 
-def slow_calls_in_flight(server: ServerProcess, x: np.ndarray, count: int = 6) -> tuple[list[Any], list[threading.Thread]]:
+def slow_calls_in_flight(server: ServerProcess, x: np.ndarray,
+                         count: int = 6) -> tuple[list[Any], list[threading.Thread]]:
     """``count`` binary inferences of ``x`` on model ``s``, each on a thread, returned once the server
     has read them all (tests/inflight.py; with --nireq 1 they are served one at a time: about 2 s of
     work). Each result is the answer, the exception it raised, or None while it is in flight."""
@@ -496,7 +504,8 @@ def test_a_bad_config_is_reported_once_per_change(tmp_path: Path, start_server) 
             tmp = path.with_name("config.json.tmp")
             tmp.write_bytes(content)
             os.replace(tmp, path)
-        wait_until(lambda: any(words in ln for ln in server.lines[mark:]), f"'{words}' to be reported", server)
+        wait_until(lambda words=words, mark=mark: any(words in ln for ln in server.lines[mark:]),
+                   f"'{words}' to be reported", server)
         time.sleep(1.0)  # five more polls read the same content
         reports = [ln for ln in server.lines[mark:] if words in ln]
         assert len(reports) == 1, reports
@@ -541,7 +550,8 @@ def test_config_edits_apply_without_restart(tmp_path: Path, start_server) -> Non
     for bad in ("{ half a file", json.dumps(config_doc(a_old, {"name": "c"}))):
         mark = len(server.lines)
         write_json(path, bad)
-        wait_until(lambda: any("is invalid, keeping the current models" in ln for ln in server.lines[mark:]),
+        wait_until(lambda mark=mark: any("is invalid, keeping the current models" in ln
+                                         for ln in server.lines[mark:]),
                    "the invalid edit to be reported", server)
         assert delta(server, "a") == 1
         assert ready(server) == 200
@@ -814,7 +824,8 @@ def test_onnx_model(tmp_path: Path, start_server) -> None:
     resp = requests.post(server.url + "/v2/models/affine/infer", timeout=10, json={
         "inputs": [{"name": "x", "shape": [5, 3], "datatype": "FP32", "data": x.ravel().tolist()}]})
     assert resp.status_code == 200, resp.text
-    np.testing.assert_allclose(np.array(resp.json()["outputs"][0]["data"]).reshape(5, 2), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.array(resp.json()["outputs"][0]["data"]).reshape(5, 2), expected, rtol=1e-5,
+                               atol=1e-5)
     client = tgrpc.InferenceServerClient(server.grpc_target)
     assert client.get_model_metadata("affine").platform == "OpenVINO"
     inp = tgrpc.InferInput("x", [5, 3], "FP32")

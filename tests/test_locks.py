@@ -147,7 +147,7 @@ def test_pyproject_resolves_for_the_image_within_protobuf_6(tmp_path: Path, reso
                           "--python-platform", "x86_64-manylinux_2_36", "--index-url", "https://pypi.org/simple",
                           "--resolution", resolution, "--no-emit-package", "ovserve", "--no-emit-package",
                           "ovserve-client", "--no-header", "--no-annotate", str(tmp_path / "server.in")],
-                         capture_output=True, text=True, timeout=240)
+                         capture_output=True, text=True, timeout=240, check=False)
     if out.returncode != 0 and re.search(r"(?i)connect|dns|network|timed out|certificate", out.stderr):
         pytest.skip(f"PyPI cannot be reached: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0, out.stderr

@@ -10,14 +10,13 @@ import time
 
 import pytest
 
+from ovserve.common.exposition import Family, render
 from ovserve.server.errors import InvalidInput
 from ovserve.server.metrics import calls as registry
 from ovserve.server.metrics import families
 from ovserve.server.metrics.config import configure
-from ovserve.server.metrics.families import DEFAULT, parse_list
+from ovserve.server.metrics.families import DEFAULT, OVMS_BOUNDS_US, parse_list
 from ovserve.server.metrics.registry import Metrics
-from ovserve.common.exposition import Family, render
-from ovserve.server.metrics.families import OVMS_BOUNDS_US
 
 #: the bounds OVMS prints (its docs/metrics_output.out), le="10" ... le="1474755971"
 OVMS_PRINTED = [10, 18, 32, 58, 104, 188, 340, 612, 1101, 1983, 3570, 6426, 11568, 20822, 37481, 67466, 121439,
@@ -74,7 +73,8 @@ def test_ovms_families_names_types_labels_and_help() -> None:
     assert ('ovms_requests_success{api="KServe",interface="REST",method="ModelInfer",name="resnet",version="1"} 0'
             in text)
     assert 'ovms_requests_success{api="KServe",interface="REST",method="ModelReady",name="resnet"} 0' in text
-    assert 'ovms_requests_fail{api="TensorFlowServing",interface="REST",method="Predict",name="resnet",version="1"} 0' in text
+    assert ('ovms_requests_fail{api="TensorFlowServing",interface="REST",method="Predict",name="resnet",version="1"} 0'
+            in text)
     assert 'ovms_request_time_us_count{interface="REST",name="resnet",version="1"} 0' in text
     assert 'ovms_inference_time_us_count{name="resnet",version="1"} 0' in text
 
@@ -181,7 +181,8 @@ def test_label_values_are_escaped() -> None:
     (True, ("ovms_requests_fail",), None, {"metrics": {"enable": True, "metrics_list": ["ovms_streams"]}},
      (("ovms_requests_fail",), "/metrics", None)),
     # OVMS's MediaPipe families are accepted (a list copied from OVMS) and have nothing to write
-    (True, ("ovms_requests_success", "ovms_current_graphs"), None, None, (("ovms_requests_success",), "/metrics", None)),
+    (True, ("ovms_requests_success", "ovms_current_graphs"), None, None,
+     (("ovms_requests_success",), "/metrics", None)),
 ])
 def test_configure(enable: bool, names: tuple[str, ...], port: int | None, monitoring: object,
                    expected: tuple[tuple[str, ...], str, int | None] | None) -> None:

@@ -35,7 +35,7 @@ BACKEND = 'name="add", version="1"'
 THROUGHPUT = f'sum(rate(ovms_requests_success{{method=~"ModelInfer|Predict", {SELECT}}}[1m]))'
 MEAN_LATENCY_MS = (f"((sum(rate(ovms_request_time_us_sum{{{SELECT}}}[1m])) / 1000) / "
                    f"sum(rate(ovms_request_time_us_count{{{SELECT}}}[1m])))")
-QUANTILE_MS = "histogram_quantile({q}, sum by(le) (rate(ovms_request_time_us_bucket{{%s}}[1m]))) / 1000" % SELECT
+QUANTILE_MS = "histogram_quantile({q}, sum by(le) (rate(ovms_request_time_us_bucket{{" + SELECT + "}}[1m]))) / 1000"
 APDEX = (f'(sum(rate(ovms_request_time_us_bucket{{le="67466", {SELECT}}}[1m])) + '
          f'((sum(rate(ovms_request_time_us_bucket{{le="218591", {SELECT}}}[1m])) - '
          f'sum(rate(ovms_request_time_us_bucket{{le="67466", {SELECT}}}[1m]))) / 2)) / '
@@ -168,6 +168,7 @@ def test_ovms_dashboard_queries_answer_the_known_load(start_server, tmp_path: Pa
         assert mean_wait >= 6 * DELAY_US / 1000 / waits  # the lone ones waited the delay
         assert prom.scalar(CURRENT) == 0
         replicas = prom.query(REPLICAS)
-        assert len(replicas) == 1 and replicas[0]["metric"]["pod"] == str(int(raw['ovms_streams{name="add",version="1"}']))
+        streams = raw['ovms_streams{name="add",version="1"}']
+        assert len(replicas) == 1 and replicas[0]["metric"]["pod"] == str(int(streams))
     finally:
         prom.stop()

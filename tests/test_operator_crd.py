@@ -35,7 +35,8 @@ def test_generator_is_in_sync() -> None:
 
 def test_names_columns_and_status_subresource() -> None:
     spec = crd()["spec"]
-    assert (spec["group"], spec["scope"], spec["names"]["kind"]) == ("serving.kserve.io", "Namespaced", "InferenceService")
+    assert (spec["group"], spec["scope"],
+            spec["names"]["kind"]) == ("serving.kserve.io", "Namespaced", "InferenceService")
     assert spec["names"]["shortNames"] == ["isvc"]
     (version,) = spec["versions"]
     assert version["name"] == "v1beta1" and version["served"] and version["storage"]
@@ -109,14 +110,16 @@ def test_bad_objects_are_rejected(path: Path) -> None:
 def test_every_documented_field_is_in_the_schema() -> None:
     spec = schema()["properties"]["spec"]["properties"]
     model = spec["predictor"]["properties"]["model"]["properties"]
-    assert {"modelFormat", "storageUri", "runtime", "protocolVersion", "args", "env", "resources", "ports"} <= model.keys()
+    assert {"modelFormat", "storageUri", "runtime", "protocolVersion", "args", "env", "resources",
+            "ports"} <= model.keys()
     common = {"containers", "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "serviceAccountName",
               "nodeSelector", "tolerations", "timeout", "labels", "annotations"}
     for component in ("predictor", "transformer", "explainer"):
         assert common <= spec[component]["properties"].keys(), component
         # every pod field the operator passes through is in the schema: the API server prunes any other, so a
         # field missing here would reach the operator never (terminationGracePeriodSeconds did, until issue 35)
-        assert set(POD_FIELDS) <= spec[component]["properties"].keys(), (component, set(POD_FIELDS) - spec[component]["properties"].keys())
+        known = spec[component]["properties"].keys()
+        assert set(POD_FIELDS) <= known, (component, set(POD_FIELDS) - known)
     # the values KServe knows, as the operator's validation takes them (grpc-v1: TorchServe's gRPC API)
     assert spec["predictor"]["properties"]["model"]["properties"]["protocolVersion"]["enum"] == \
         list(PROTOCOL_VERSIONS) == ["v1", "v2", "grpc-v1", "grpc-v2"]

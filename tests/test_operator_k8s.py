@@ -11,18 +11,33 @@ Deployment's ``status`` (and, for pod problems, create a pod and patch its
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import (DATA, IMAGE, ISVC, Kube, KubeError, Operator, conditions, deploy_path, eventually,
-                         example, hpa_path, isvc_path, operator_kubeconfig, roll_out, service_account_kubeconfig,
-                         svc_path, wait_condition)
+from .k8s_client import (
+    DATA,
+    IMAGE,
+    ISVC,
+    Kube,
+    KubeError,
+    Operator,
+    conditions,
+    deploy_path,
+    eventually,
+    example,
+    hpa_path,
+    isvc_path,
+    operator_kubeconfig,
+    roll_out,
+    service_account_kubeconfig,
+    svc_path,
+    wait_condition,
+)
 
 pytestmark = [pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -34,7 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: ControlPlane, kube: Kube, crd: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(cluster: ControlPlane, kube: Kube, crd: dict,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     op = Operator(operator_kubeconfig(cluster, kube), tmp_path_factory.mktemp("operator-cwd")).start()
     yield op
     op.stop()
@@ -157,7 +173,8 @@ def test_image_pull_errors_show_at_once(kube: Kube, operator: Operator, ns: str)
     kube.patch(pod_path(ns, name, "status"), {"status": {
         "phase": "Pending",
         "initContainerStatuses": [container("storage-initializer", terminated={"exitCode": 0, "reason": "Completed"})],
-        "containerStatuses": [container("kserve-container", waiting={"reason": "ImagePullBackOff", "message": pulling})]}})
+        "containerStatuses": [container("kserve-container",
+                                        waiting={"reason": "ImagePullBackOff", "message": pulling})]}})
     cond = wait_condition(kube, ns, "resnet", "PredictorReady", "False", "ImagePullBackOff", timeout=10)
     assert time.monotonic() - started < 10, "a pod's problem should reach the InferenceService within seconds"
     assert cond["message"] == f"pod {name}, container kserve-container: ImagePullBackOff: {pulling}"
@@ -170,7 +187,8 @@ def test_image_pull_errors_show_at_once(kube: Kube, operator: Operator, ns: str)
             "exitCode": 1, "reason": "Error", "message": "404 Not Found"})],
         "containerStatuses": [container("kserve-container", waiting={"reason": "PodInitializing"})]}})
     cond = wait_condition(kube, ns, "resnet", "PredictorReady", "False", "Error", timeout=10)
-    assert cond["message"] == f"pod {name}, init container storage-initializer: Error: exited with code 1: 404 Not Found"
+    assert cond["message"] == (f"pod {name}, init container storage-initializer: Error: exited with code 1: "
+                               "404 Not Found")
 
     # the image pulls: back to what the Deployment says, then Ready when it reports availability
     kube.patch(pod_path(ns, name, "status"), {"status": {
@@ -210,7 +228,8 @@ def test_s3_credentials_come_from_the_service_account_secrets(kube: Kube, operat
     body["spec"]["predictor"]["serviceAccountName"] = "sa"
     body["spec"]["predictor"]["model"]["storageUri"] = "s3://models/resnet"
     kube.create(isvc_path(ns), body)
-    pod = eventually(lambda: kube.get(deploy_path(ns, "resnet-predictor")), what="predictor")["spec"]["template"]["spec"]
+    pod = eventually(lambda: kube.get(deploy_path(ns, "resnet-predictor")),
+                     what="predictor")["spec"]["template"]["spec"]
     init = pod["initContainers"][0]
     assert init["command"] == ["ovserve", "storage-initializer", "s3://models/resnet", "/mnt/models"]
     key = {"secretKeyRef": {"name": "s3creds", "key": "AWS_ACCESS_KEY_ID"}}
@@ -345,10 +364,10 @@ def test_delete_collects_every_child(kube: Kube, operator: Operator, ns: str) ->
     children = [deploy_path(ns, "busy-predictor"), svc_path(ns, "busy-predictor"), svc_path(ns, "busy"),
                 hpa_path(ns, "busy-predictor")]
     for path in children:
-        eventually(lambda: kube.get(path), what=path)
+        eventually(lambda path=path: kube.get(path), what=path)
     kube.delete(isvc_path(ns, "busy"))
     for path in children:  # the garbage collector follows the owner references
-        eventually(lambda: kube.get(path) is None, timeout=60, what=f"{path} collected")
+        eventually(lambda path=path: kube.get(path) is None, timeout=60, what=f"{path} collected")
 
 
 def snapshot(kube: Kube, ns: str) -> dict[str, str]:
@@ -364,7 +383,7 @@ def snapshot(kube: Kube, ns: str) -> dict[str, str]:
 def test_restart_changes_nothing(kube: Kube, operator: Operator, ns: str) -> None:
     kube.create(isvc_path(ns), example("transformer", ns))
     for name in ("classifier-predictor", "classifier-transformer"):
-        eventually(lambda: kube.get(deploy_path(ns, name)), what=name)
+        eventually(lambda name=name: kube.get(deploy_path(ns, name)), what=name)
         roll_out(kube, ns, name)
     wait_condition(kube, ns, "classifier", "Ready", "True")
     time.sleep(1)  # let the child events of the roll-out settle

@@ -59,9 +59,12 @@ FACTS = [
     ("predictor", (D, "resnet-predictor"), f"{SERVER}.name", "kserve-container"),
     ("predictor", (D, "resnet-predictor"), f"{SERVER}.image", CFG.image),
     ("predictor", (D, "resnet-predictor"), f"{SERVER}.ports",
-     [{"name": "http", "containerPort": 8080, "protocol": "TCP"}, {"name": "h2c", "containerPort": 8081, "protocol": "TCP"}]),
-    ("predictor", (D, "resnet-predictor"), f"{SERVER}.readinessProbe.httpGet", {"path": "/v2/health/ready", "port": "http"}),
-    ("predictor", (D, "resnet-predictor"), f"{SERVER}.livenessProbe.httpGet", {"path": "/v2/health/live", "port": "http"}),
+     [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
+      {"name": "h2c", "containerPort": 8081, "protocol": "TCP"}]),
+    ("predictor", (D, "resnet-predictor"), f"{SERVER}.readinessProbe.httpGet",
+     {"path": "/v2/health/ready", "port": "http"}),
+    ("predictor", (D, "resnet-predictor"), f"{SERVER}.livenessProbe.httpGet",
+     {"path": "/v2/health/live", "port": "http"}),
     ("predictor", (D, "resnet-predictor"), f"{SERVER}.startupProbe.failureThreshold", 120),
     ("predictor", (D, "resnet-predictor"), f"{SERVER}.volumeMounts",
      [{"name": "ovserve-models", "mountPath": "/mnt/models", "readOnly": True}]),
@@ -75,11 +78,14 @@ FACTS = [
     ("predictor", (S, "resnet-predictor"), "spec.ports",
      [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080},
       {"name": "h2c", "protocol": "TCP", "port": 8081, "targetPort": 8081, "appProtocol": "kubernetes.io/h2c"}]),
-    ("predictor", (S, "resnet"), "spec.selector", {"serving.kserve.io/inferenceservice": "resnet", "component": "predictor"}),
+    ("predictor", (S, "resnet"), "spec.selector",
+     {"serving.kserve.io/inferenceservice": "resnet", "component": "predictor"}),
     ("transformer", (D, "classifier-transformer"), f"{SERVER}.args",
      ["--http_port", "8080", "--model_name", "classifier", "--predictor_host", "classifier-predictor.ml"]),
-    ("transformer", (D, "classifier-transformer"), f"{SERVER}.resources", {"requests": {"cpu": "100m", "memory": "256Mi"}}),
-    ("transformer", (D, "classifier-transformer"), f"{SERVER}.ports", [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]),
+    ("transformer", (D, "classifier-transformer"), f"{SERVER}.resources",
+     {"requests": {"cpu": "100m", "memory": "256Mi"}}),
+    ("transformer", (D, "classifier-transformer"), f"{SERVER}.ports",
+     [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]),
     ("transformer", (D, "classifier-predictor"), f"{SERVER}.args",
      ["serve", "--model-name", "classifier", "--model-path", "/mnt/models", "--nireq", "2"]),
     # the user's env, then the drain delay the operator's pods get (issue 35)
@@ -91,7 +97,8 @@ FACTS = [
     ("transformer", (D, "classifier-predictor"), f"{SERVER}.resources.limits", {"cpu": "2", "memory": "2Gi"}),
     ("transformer", (S, "classifier"), "spec.selector",
      {"serving.kserve.io/inferenceservice": "classifier", "component": "transformer"}),
-    ("transformer", (S, "classifier"), "spec.ports", [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]),
+    ("transformer", (S, "classifier"), "spec.ports",
+     [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]),
     ("explainer", (D, "income-predictor"), f"{SERVER}.args",
      ["serve", "--model-name", "income", "--model-path", "/mnt/pvc/income/v3"]),
     ("explainer", (D, "income-predictor"), f"{POD}.volumes",
@@ -107,21 +114,25 @@ FACTS = [
     ("explainer", (S, "income"), "spec.selector.component", "predictor"),
     ("autoscale", (H, "busy-predictor"), "spec.minReplicas", 2),
     ("autoscale", (H, "busy-predictor"), "spec.maxReplicas", 6),
-    ("autoscale", (H, "busy-predictor"), "spec.scaleTargetRef", {"apiVersion": "apps/v1", "kind": "Deployment", "name": "busy-predictor"}),
+    ("autoscale", (H, "busy-predictor"), "spec.scaleTargetRef",
+     {"apiVersion": "apps/v1", "kind": "Deployment", "name": "busy-predictor"}),
     ("autoscale", (H, "busy-predictor"), "spec.metrics",
-     [{"type": "Resource", "resource": {"name": "memory", "target": {"type": "Utilization", "averageUtilization": 70}}}]),
+     [{"type": "Resource",
+       "resource": {"name": "memory", "target": {"type": "Utilization", "averageUtilization": 70}}}]),
     ("autoscale", (D, "busy-predictor"), "spec.template.metadata.labels.team", "vision"),
     ("autoscale", (D, "busy-predictor"), "spec.template.metadata.annotations", {"prometheus.io/scrape": "true"}),
     ("autoscale", (D, "busy-predictor"), f"{SERVER}.args",
      ["serve", "--model-name", "busy", "--model-path", "/mnt/models", "--rest-port", "9080", "--grpc-port", "9081"]),
-    ("autoscale", (D, "busy-predictor"), f"{POD}.volumes[1]", {"name": "ovserve-model-source", "hostPath": {"path": "/srv/models/busy"}}),
+    ("autoscale", (D, "busy-predictor"), f"{POD}.volumes[1]",
+     {"name": "ovserve-model-source", "hostPath": {"path": "/srv/models/busy"}}),
     ("autoscale", (D, "busy-predictor"), f"{POD}.initContainers[0].command",
      ["ovserve", "storage-initializer", "/mnt/source/busy", "/mnt/models"]),
     ("autoscale", (S, "busy-predictor"), "spec.ports[1].targetPort", 9081),
     ("custom", (D, "custom-predictor"), "spec.replicas", 1),
     ("custom", (D, "custom-predictor"), f"{SERVER}.readinessProbe", {"httpGet": {"path": "/ready", "port": 8080}}),
     ("custom", (D, "custom-predictor"), f"{SERVER}.image", "example.com/my-server:3"),
-    ("custom", (S, "custom-predictor"), "spec.ports", [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]),
+    ("custom", (S, "custom-predictor"), "spec.ports",
+     [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]),
     # protocolVersion grpc-v1: TorchServe's gRPC inference API at TorchServe's port, always turned on by its flag
     # (the server has it off without), before the user's args; the KServe ports and probes as for every predictor
     ("torchserve", (D, "pets-predictor"), f"{SERVER}.args",
@@ -228,15 +239,20 @@ def test_the_spec_is_read_once_and_frozen() -> None:
 def test_user_wiring_flags_win() -> None:
     isvc = load("transformer")
     isvc["spec"]["transformer"]["containers"][0]["args"] = ["--predictor_host=elsewhere:80", "--model_name", "m"]
-    deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}[(D, "classifier-transformer")]
-    assert dig(deployment, f"{SERVER}.args") == ["--predictor_host=elsewhere:80", "--model_name", "m", "--http_port", "8080"]
+    deployment = {(c["kind"], c["metadata"]["name"]): c
+                  for c in manifests.children(validate(isvc), CFG)}[(D, "classifier-transformer")]
+    assert dig(deployment,
+               f"{SERVER}.args") == ["--predictor_host=elsewhere:80", "--model_name", "m", "--http_port", "8080"]
 
 
 def test_user_wiring_flags_win_in_dashed_spelling_too() -> None:
     isvc = load("transformer")
-    isvc["spec"]["transformer"]["containers"][0]["args"] = ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
-    deployment = {(c["kind"], c["metadata"]["name"]): c for c in manifests.children(validate(isvc), CFG)}[(D, "classifier-transformer")]
-    assert dig(deployment, f"{SERVER}.args") == ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
+    isvc["spec"]["transformer"]["containers"][0]["args"] = ["--predictor-host", "elsewhere:80", "--model-name=m",
+                                                            "--http-port", "9"]
+    deployment = {(c["kind"], c["metadata"]["name"]): c
+                  for c in manifests.children(validate(isvc), CFG)}[(D, "classifier-transformer")]
+    assert dig(deployment,
+               f"{SERVER}.args") == ["--predictor-host", "elsewhere:80", "--model-name=m", "--http-port", "9"]
 
 
 @pytest.mark.parametrize("protocol", [None, "v1", "v2", "grpc-v2"])
@@ -282,8 +298,9 @@ def test_stale_children() -> None:
     desired = manifests.children(validate(isvc), CFG)
     foreign = copy.deepcopy(with_transformer[0])
     foreign["metadata"].update(name="someone-else", ownerReferences=[{"uid": "other"}])
-    gone = manifests.stale(with_transformer + [foreign], desired, "uid-transformer")
-    assert {(c["kind"], c["metadata"]["name"]) for c in gone} == {(D, "classifier-transformer"), (S, "classifier-transformer")}
+    gone = manifests.stale([*with_transformer, foreign], desired, "uid-transformer")
+    assert {(c["kind"],
+             c["metadata"]["name"]) for c in gone} == {(D, "classifier-transformer"), (S, "classifier-transformer")}
 
 
 def test_null_env_and_grace_period_are_unset_fields() -> None:

@@ -9,8 +9,8 @@ import kubernetes_validate
 import pytest
 
 from ovserve.operator import manifests, metrics
-from ovserve.operator.validation import validate
 from ovserve.operator import names as n
+from ovserve.operator.validation import validate
 
 from .test_operator_manifests import CFG, K8S_VERSIONS, load
 

@@ -13,8 +13,16 @@ from ovserve.server.child import free_ports
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import Kube, Operator, deploy_path, eventually, example, isvc_path, operator_kubeconfig, svc_path
+from .k8s_client import (
+    Kube,
+    Operator,
+    deploy_path,
+    eventually,
+    example,
+    isvc_path,
+    operator_kubeconfig,
+    svc_path,
+)
 
 pytestmark = [pytest.mark.operator,
               pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),
@@ -69,7 +77,8 @@ def test_scraping_annotation_and_reconcile_metrics(kube: Kube, metrics_operator:
 
     def counted() -> dict[str, float] | None:
         now = counts(port)
-        done = now['ovserve_operator_reconciles_total{outcome="ok"}'] - before['ovserve_operator_reconciles_total{outcome="ok"}']
+        ok = 'ovserve_operator_reconciles_total{outcome="ok"}'
+        done = now[ok] - before[ok]
         refused = (now['ovserve_operator_reconciles_total{outcome="invalid"}']
                    - before['ovserve_operator_reconciles_total{outcome="invalid"}'])
         return now if done >= 2 and refused >= 1 else None

@@ -13,17 +13,26 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
 
 from . import k8s
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import (Kube, Operator, deploy_path, eventually, example, isvc_path, operator_kubeconfig,
-                         roll_out, svc_path, wait_condition)
+from .k8s_client import (
+    Kube,
+    Operator,
+    deploy_path,
+    eventually,
+    example,
+    isvc_path,
+    operator_kubeconfig,
+    roll_out,
+    svc_path,
+    wait_condition,
+)
 
 pytestmark = [pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -162,7 +171,8 @@ def test_api_server_restart(kube: Kube, cluster: ControlPlane, operator: Operato
 
     def updated() -> dict | None:
         dep = kube.get(deploy_path(ns, "resnet-predictor"))
-        return dep if dep and dep["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--nireq", "4"] else None
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"] if dep else []
+        return dep if args[-2:] == ["--nireq", "4"] else None
     dep = within(operator, updated, "the spec change applied")
     assert dep["metadata"]["uid"] == first["metadata"]["uid"]  # rolled in place, not recreated
     within(operator, lambda: kube.get(svc_path(ns, "resnet-predictor")), "the deleted Service recreated")
@@ -242,17 +252,17 @@ def test_killed_mid_reconcile(kube: Kube, operator: Operator, ns: str) -> None:
 
     operator.start()  # a new process: it adopts what exists and finishes the rest
     for name in counts:
-        within(operator, lambda: set(children_of(kube, ns, name)) == expected(name), f"{name}: every child")
+        within(operator, lambda name=name: set(children_of(kube, ns, name)) == expected(name), f"{name}: every child")
         wait_condition(kube, ns, name, "Ready", "Unknown", timeout=CONVERGE)
         assert_converged(kube, ns, name)
         roll_out_all(kube, ns, name)
         # a child's event may write Ready before the adopted reconcile has written the generation it saw
-        status = eventually(lambda: (s := kube.get(isvc_path(ns, name))["status"]).get("observedGeneration") == 1
-                            and s, CONVERGE, what=f"{name}: observedGeneration 1")
+        status = eventually(lambda name=name: (s := kube.get(isvc_path(ns, name))["status"])
+                            .get("observedGeneration") == 1 and s, CONVERGE, what=f"{name}: observedGeneration 1")
         assert {c["type"] for c in status["conditions"]} == {"PredictorReady", "TransformerReady", "ExplainerReady",
                                                              "Ready"}
     # nothing else was made: no duplicate, no orphan
-    assert {k for k in map(tuple, [(o["kind"], o["metadata"]["name"]) for o in owned(kube, ns)])} == \
+    assert set(map(tuple, [(o["kind"], o["metadata"]["name"]) for o in owned(kube, ns)])) == \
         set().union(*(expected(name) for name in counts))
 
     # deleting them after all this collects everything

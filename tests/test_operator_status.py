@@ -33,10 +33,14 @@ UNAVAILABLE = ("False", "MinimumReplicasUnavailable", "")
 # (deployment, expected status, expected reason)
 CASES = [
     (None, "Unknown", "DeploymentMissing"),
-    (deployment(ready=1, Available=AVAILABLE, Progressing=("True", "NewReplicaSetAvailable", "")), "True", "MinimumReplicasAvailable"),
-    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("True", "ReplicaSetUpdated", "")), "Unknown", "MinimumReplicasUnavailable"),
-    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("True", "NewReplicaSetAvailable", "")), "False", "MinimumReplicasUnavailable"),
-    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("False", "ProgressDeadlineExceeded", "")), "False", "ProgressDeadlineExceeded"),
+    (deployment(ready=1, Available=AVAILABLE, Progressing=("True", "NewReplicaSetAvailable", "")), "True",
+     "MinimumReplicasAvailable"),
+    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("True", "ReplicaSetUpdated", "")), "Unknown",
+     "MinimumReplicasUnavailable"),
+    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("True", "NewReplicaSetAvailable", "")), "False",
+     "MinimumReplicasUnavailable"),
+    (deployment(ready=0, Available=UNAVAILABLE, Progressing=("False", "ProgressDeadlineExceeded", "")), "False",
+     "ProgressDeadlineExceeded"),
     (deployment(ready=1, Available=AVAILABLE, ReplicaFailure=("True", "FailedCreate", "")), "False", "FailedCreate"),
     (deployment(generation=2, observed=1, ready=1, Available=AVAILABLE), "Unknown", "RolloutPending"),
     (deployment(ready=0), "Unknown", "Pending"),
@@ -82,7 +86,8 @@ POD_CASES = [
     (pod(main=[waiting("ImagePullBackOff", PULL_MSG)]),
      ("ImagePullBackOff", ["pod resnet-predictor-7d9-abc", "container kserve-container", PULL_MSG])),
     (pod(main=[waiting("ErrImagePull", "manifest unknown")]), ("ErrImagePull", ["manifest unknown"])),
-    (pod(main=[waiting("InvalidImageName", 'couldn\'t parse image reference "A:"')]), ("InvalidImageName", ["parse image"])),
+    (pod(main=[waiting("InvalidImageName", 'couldn\'t parse image reference "A:"')]),
+     ("InvalidImageName", ["parse image"])),
     (pod(main=[waiting("CreateContainerConfigError", 'secret "creds" not found')]),
      ("CreateContainerConfigError", ['secret "creds" not found'])),
     (pod(main=[waiting("CrashLoopBackOff", "back-off 40s restarting failed container",
@@ -90,7 +95,8 @@ POD_CASES = [
      ("CrashLoopBackOff", ["last exit code 3 (Error)", "back-off 40s"])),
     (pod(init=[waiting("ImagePullBackOff", PULL_MSG, name="storage-initializer")], main=[waiting("PodInitializing")]),
      ("ImagePullBackOff", ["init container storage-initializer", PULL_MSG])),
-    (pod(init=[exited(1, message="404 Not Found: https://models.example.com/resnet.tar.gz")], main=[waiting("PodInitializing")]),
+    (pod(init=[exited(1, message="404 Not Found: https://models.example.com/resnet.tar.gz")],
+         main=[waiting("PodInitializing")]),
      ("Error", ["init container storage-initializer", "exited with code 1", "404 Not Found"])),
     (pod(init=[exited(0, reason="Completed")], main=[running()]), None),
     (pod(init=[running("storage-initializer")], main=[waiting("PodInitializing")]), None),
@@ -113,7 +119,7 @@ def test_container_problem(p: dict, want: tuple[str, list[str]] | None) -> None:
 
 
 PULLING = pod(main=[waiting("ImagePullBackOff", PULL_MSG)])
-HEALTHY = dict(ready=1, Available=AVAILABLE, Progressing=("True", "NewReplicaSetAvailable", ""))
+HEALTHY = {"ready": 1, "Available": AVAILABLE, "Progressing": ("True", "NewReplicaSetAvailable", "")}
 
 
 def rolled(dep: dict, replicas: int, updated: int) -> dict:
@@ -151,16 +157,19 @@ def test_pod_problems_fold_into_the_component(dep: dict | None, pods: list[dict]
 
 
 def test_the_first_failing_pod_by_name_is_reported() -> None:
-    pods = [pod("z", main=[waiting("CrashLoopBackOff", "back-off")]), pod("a", main=[waiting("ErrImagePull", "denied")])]
+    pods = [pod("z", main=[waiting("CrashLoopBackOff", "back-off")]),
+            pod("a", main=[waiting("ErrImagePull", "denied")])]
     cond = status.component_condition("predictor", deployment(ready=0), pods)
-    assert (cond["reason"], cond["message"]) == ("ErrImagePull", "pod a, container kserve-container: ErrImagePull: denied")
+    assert (cond["reason"],
+            cond["message"]) == ("ErrImagePull", "pod a, container kserve-container: ErrImagePull: denied")
 
 
 def test_pod_problem_reaches_ready() -> None:
     isvc = load("transformer")
     ok = deployment(ready=1, Available=AVAILABLE)
     st = status.compute(isvc, {"predictor": ok, "transformer": deployment(ready=0)}, NOW,
-                        pods={"transformer": [pod("classifier-transformer-1", main=[waiting("ImagePullBackOff", PULL_MSG)])],
+                        pods={"transformer": [pod("classifier-transformer-1",
+                                                  main=[waiting("ImagePullBackOff", PULL_MSG)])],
                               "predictor": [PULLING]})
     conds = {c["type"]: c for c in st["conditions"]}
     assert (conds["PredictorReady"]["status"], conds["TransformerReady"]["status"]) == ("True", "False")
@@ -253,7 +262,8 @@ INVALID = [
     ("predictor", "spec.predictor.minReplicas", 4, "spec.predictor.maxReplicas"),
     ("predictor", "spec.predictor.sklearn", {"storageUri": "gs://x"}, "spec.predictor.sklearn"),
     ("predictor", "spec.predictor.containers", [{"image": "x"}], "spec.predictor"),
-    ("predictor", "spec.predictor.volumes", [{"name": "ovserve-models", "emptyDir": {}}], "spec.predictor.volumes[0].name"),
+    ("predictor", "spec.predictor.volumes", [{"name": "ovserve-models", "emptyDir": {}}],
+     "spec.predictor.volumes[0].name"),
     ("explainer", "spec.explainer.alibi", {"type": "AnchorTabular"}, "spec.explainer.alibi"),
     ("transformer", "spec.transformer.containers", [], "spec.transformer.containers"),
     ("predictor", "spec.predictor.model.protocolVersion", "v3", "spec.predictor.model.protocolVersion"),

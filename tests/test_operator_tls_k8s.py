@@ -15,9 +15,17 @@ import pytest
 from . import k8s
 from .client_proxies import make_certs
 from .k8s import ControlPlane
-from .k8s_client import cluster, crd, kube, ns  # noqa: F401  (fixtures)
-from .k8s_client import (Kube, Operator, deploy_path, eventually, example, isvc_path, operator_kubeconfig, svc_path,
-                         wait_condition)
+from .k8s_client import (
+    Kube,
+    Operator,
+    deploy_path,
+    eventually,
+    example,
+    isvc_path,
+    operator_kubeconfig,
+    svc_path,
+    wait_condition,
+)
 
 pytestmark = [pytest.mark.operator,
               pytest.mark.skipif(k8s.missing_reason() is not None, reason=k8s.missing_reason() or ""),
@@ -28,7 +36,8 @@ SECRET = "classifier-tls"
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: ControlPlane, kube: Kube, crd: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(cluster: ControlPlane, kube: Kube, crd: dict,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     op = Operator(operator_kubeconfig(cluster, kube), tmp_path_factory.mktemp("operator-cwd")).start()
     yield op
     op.stop()

@@ -14,9 +14,10 @@ import copy
 import json
 import signal
 import unicodedata
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,7 +227,7 @@ def test_every_valid_document_is_accepted_as_written(doc: dict[str, Any], as_byt
     assert not isinstance(found, InvalidInput), (found, doc)
     configs = [e["config"] for e in doc["model_config_list"]]
     assert [m.name for m in found] == [c["name"] for c in configs]
-    for m, c in zip(found, configs):
+    for m, c in zip(found, configs, strict=True):
         assert m.base_path == (BASE_DIR / c["base_path"]).resolve()
         assert m.options.nireq == c.get("nireq", 0)
         assert m.options.max_batch_size == c.get("max_batch_size", 0)

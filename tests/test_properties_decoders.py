@@ -26,7 +26,8 @@ import os
 import struct
 import subprocess
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -71,9 +72,10 @@ def scalars(datatype: str) -> st.SearchStrategy[Any]:
 #: Any JSON value, small: what a field may hold when the client gets it wrong.
 json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6))
-json_value = st.recursive(json_scalar, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                                st.dictionaries(st.text(max_size=4), inner, max_size=3)),
-                          max_leaves=12)
+json_value = st.recursive(
+    json_scalar, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner,
+                                                                                      max_size=3)),
+    max_leaves=12)
 
 
 @st.composite
@@ -161,7 +163,8 @@ def test_rest_json_values_are_never_coerced(datatype: str, data: list, large: bo
     request = decode_or_refuse(body, large=large)
     if request is None:
         return
-    kinds = {"BOOL": (bool,), "BYTES": (str,)}.get(datatype, (int,) if V2_TO_NUMPY[datatype].kind in "iu" else (int, float))
+    kinds = {"BOOL": (bool,),
+             "BYTES": (str,)}.get(datatype, (int,) if V2_TO_NUMPY[datatype].kind in "iu" else (int, float))
     assert all(type(v) in kinds for v in data), f"{datatype} decoded from {data!r}"
     got = request.inputs[0].data
     if datatype not in ("BYTES", "BOOL") and V2_TO_NUMPY[datatype].kind == "f":
@@ -182,7 +185,7 @@ def infer_documents(draw: st.DrawFn) -> Any:
         if draw(st.booleans()):
             item["name"] = draw(st.one_of(st.sampled_from(["x", "y"]), json_scalar))
         if draw(st.integers(0, 4)):
-            item["datatype"] = draw(st.one_of(st.sampled_from(DATATYPES + ["BF16", "FLOAT"]), json_scalar))
+            item["datatype"] = draw(st.one_of(st.sampled_from([*DATATYPES, "BF16", "FLOAT"]), json_scalar))
         if draw(st.integers(0, 4)):
             item["shape"] = draw(st.one_of(st.lists(st.integers(-2, 4), max_size=3),
                                            st.lists(st.integers(0, 1), min_size=MAX_DIMS, max_size=70),
@@ -260,7 +263,7 @@ def test_binary_extension_round_trips(inputs: list, large: bool) -> None:
     with json_path(large):
         request = codec.decode_infer_request("m", "", header + payload, str(len(header)))
     assert [t.name for t in request.inputs] == [f"in{i}" for i in range(len(inputs))]
-    for got, ((datatype, shape, values), _) in zip(request.inputs, inputs):
+    for got, ((datatype, shape, values), _) in zip(request.inputs, inputs, strict=True):
         assert_tensor(got.data, datatype, shape, values)
 
 
@@ -329,7 +332,8 @@ def test_v1_instances_round_trip(tensor: tuple, named: bool) -> None:
 @example(doc={"inputs": {"a": [[True, 2]]}}, datatypes=["INT32"])
 @example(doc={"instances": [{"a": [1.0], "b": [None]}]}, datatypes=["FP32", "FP32"])
 def test_v1_documents_decode_or_are_refused(doc: Any, datatypes: list[str]) -> None:
-    ports = [PortInfo(name, dt, (Dim(0, -1), Dim(0, -1)), i) for i, (name, dt) in enumerate(zip("ab", datatypes))]
+    ports = [PortInfo(name, dt, (Dim(0, -1), Dim(0, -1)), i)
+             for i, (name, dt) in enumerate(zip("ab", datatypes, strict=False))]  # one or two inputs
     try:
         request = v1.decode_request("m", doc, [p.spec for p in ports])
     except ServerError:
@@ -478,7 +482,7 @@ def test_grpc_converters_in_a_process_of_their_own() -> None:
     env = {**os.environ, "OVSERVE_TEST_OWN_PROTO": "1"}
     result = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
                              "-k", "grpc_pb", "-W", "error::pytest.PytestUnknownMarkWarning"],
-                            capture_output=True, text=True, env=env, timeout=280)
+                            capture_output=True, text=True, env=env, timeout=280, check=False)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
 
@@ -503,9 +507,9 @@ def pb_requests(draw: st.DrawFn) -> Any:
         elif which == "uint64":
             p.uint64_param = draw(st.integers(0, 2**64 - 1))
     raw = draw(st.booleans())
-    for i in range(draw(st.integers(0, 3))):
+    for _i in range(draw(st.integers(0, 3))):
         t = req.inputs.add(name=draw(st.sampled_from(["x", "y", ""])),
-                           datatype=draw(st.one_of(st.sampled_from(DATATYPES + ["BF16"]), st.text(max_size=4))),
+                           datatype=draw(st.one_of(st.sampled_from([*DATATYPES, "BF16"]), st.text(max_size=4))),
                            shape=draw(st.one_of(st.lists(st.integers(-1, 4), max_size=3),
                                                 st.lists(st.just(1), min_size=30, max_size=70),
                                                 st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))))
@@ -561,7 +565,7 @@ def test_grpc_pb_tensors_round_trip(inputs: list, typed: bool) -> None:
             req.raw_input_contents.append(raw_of(datatype, shape, values))
     request = converters.request_from_pb(pb.ModelInferRequest.FromString(req.SerializeToString()))
     assert converters.used_typed_contents(req) == typed
-    for got, (datatype, shape, values) in zip(request.inputs, inputs):
+    for got, (datatype, shape, values) in zip(request.inputs, inputs, strict=True):
         assert (got.datatype, got.shape) == (datatype, shape)
         assert_tensor(got.data, datatype, shape, values)
 

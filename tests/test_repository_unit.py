@@ -8,8 +8,8 @@ the ``ovserve serve`` flags with their ``OVSERVE_*`` environment variables.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import openvino as ov
 import pytest
 
 from ovserve.server import cli, flags
@@ -235,7 +234,8 @@ def test_bad_entries_name_the_entry_and_the_problem(tmp_path: Path, entry: dict,
     message = info.value.message
     assert "model_config_list[1]" in message, message
     assert words in message, message
-    if isinstance(entry.get("name"), str) and entry["name"] and entry["name"].isprintable() and "/" not in entry["name"]:
+    if isinstance(entry.get("name"),
+                  str) and entry["name"] and entry["name"].isprintable() and "/" not in entry["name"]:
         assert f"({entry['name']})" in message, message
 
 
@@ -254,7 +254,8 @@ def test_every_field_of_the_wrong_type_is_refused_by_name(tmp_path: Path) -> Non
             with pytest.raises(InvalidInput) as info:
                 parse_config(doc(entry), tmp_path)
             label = "model_version_policy" if key == "model_version_policy" else f"'{key}'"
-            assert label in info.value.message and "model_config_list[0]" in info.value.message, (key, value, info.value)
+            message = info.value.message
+            assert label in message and "model_config_list[0]" in message, (key, value, info.value)
 
 
 def test_duplicate_names(tmp_path: Path) -> None:
@@ -720,7 +721,7 @@ def test_every_setting_is_a_serve_flag() -> None:
 def _sample(action: argparse.Action) -> tuple[str, object]:
     """A non-default value for the flag, as environment text and as parsed."""
     if action.choices:
-        choice = [c for c in action.choices if c != action.default][0]
+        choice = next(c for c in action.choices if c != action.default)
         return choice, choice
     if action.type is Path:
         return "/some/where", Path("/some/where")

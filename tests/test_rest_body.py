@@ -86,7 +86,7 @@ def _call(app, path: str) -> tuple[list[dict], BaseException | None]:
              "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 80)}
     try:
         asyncio.run(app(scope, receive, send))
-    except BaseException as exc:  # noqa: BLE001 - what escapes is the point
+    except BaseException as exc:
         return sent, exc
     return sent, None
 

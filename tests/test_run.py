@@ -174,24 +174,19 @@ def test_hf_storage_with_the_users_environment(ir: dict[str, bytes], files: Path
     for hub in hf_hub.serve({"OpenVINO/add-one-ov": hf_hub.Repo({"main": commit}, {commit: contents}, private=True)}):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
         env.update(HF_ENDPOINT=hub.url, HF_TOKEN=hf_hub.TOKEN, HF_HOME=str(tmp_path / "hf-home"))
-        run = OvserveRun(example("demo-add.yaml", files, "hf://OpenVINO/add-one-ov"), env=env)
-        try:
-            run.wait_ready()
-            x = list(range(16))
-            r = requests.post(f"http://{run.rest()}/v2/models/add-one/infer", timeout=10, json={
-                "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x}]})
-            assert r.status_code == 200, r.text
-            assert r.json()["outputs"][0]["data"] == [v + 1 for v in x]
-            assert any("hf://OpenVINO/add-one-ov -> " in line for line in run.lines), run.output
-        finally:
-            code, _ = run.stop()
-        assert code == 0, run.output
+        add_one_served_from(uri="hf://OpenVINO/add-one-ov", files=files, env=env)
 
 
 def test_s3_storage_with_the_users_environment(s3: S3, files: Path) -> None:
     """No cluster, no ServiceAccount: the storage initializer of ``ovserve run`` reads the user's AWS_* variables
     (moto's S3 server, signature v4 on: tests/s3_store.py)."""
-    run = OvserveRun(example("demo-add.yaml", files, "s3://models/add-one"), env=s3.env())
+    add_one_served_from(uri="s3://models/add-one", files=files, env=s3.env())
+
+
+def add_one_served_from(uri: str, files: Path, env: dict[str, str]) -> None:
+    """examples/demo-add.yaml with its storageUri set to ``uri`` (a store holding the add-one IR) runs under
+    ``env``: the initializer says it fetched ``uri``, the model answers x + 1, and the run stops cleanly."""
+    run = OvserveRun(example("demo-add.yaml", files, uri), env=env)
     try:
         run.wait_ready()
         x = list(range(16))
@@ -199,7 +194,7 @@ def test_s3_storage_with_the_users_environment(s3: S3, files: Path) -> None:
             "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x}]})
         assert r.status_code == 200, r.text
         assert r.json()["outputs"][0]["data"] == [v + 1 for v in x]
-        assert any("s3://models/add-one -> " in line for line in run.lines), run.output
+        assert any(f"{uri} -> " in line for line in run.lines), run.output
     finally:
         code, _ = run.stop()
     assert code == 0, run.output

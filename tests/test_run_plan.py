@@ -38,7 +38,7 @@ def test_prepare_fills_what_the_api_server_would_and_validates() -> None:
     assert got.namespace == "default" and got.uid
     bad = yaml.safe_load((ROOT / "examples/demo-add.yaml").read_text())
     bad["spec"]["predictor"]["model"]["modelFormat"]["name"] = "sklearn"
-    with pytest.raises(RunError, match="modelFormat.name: 'sklearn' is not supported"):
+    with pytest.raises(RunError, match=r"modelFormat\.name: 'sklearn' is not supported"):
         prepare(bad)
 
 
@@ -60,9 +60,9 @@ def test_file_storage_becomes_the_initializer_then_the_server(tmp_path: Path) ->
     assert predictor.folders == [models]
     (init,) = predictor.inits
     # /mnt/source/add_one (the hostPath's mount) and /mnt/models (the emptyDir) rewritten to local folders
-    assert init.argv == PY + ["storage-initializer", "/tmp/ovserve-demo/add_one", str(models)]
+    assert init.argv == [*PY, "storage-initializer", "/tmp/ovserve-demo/add_one", str(models)]
     main = predictor.main
-    assert main.argv == PY + ["serve", "--model-name", "add-one", "--model-path", str(models)]
+    assert main.argv == [*PY, "serve", "--model-name", "add-one", "--model-path", str(models)]
     assert (main.rest_port, main.grpc_port) == (8080, 8081)
     assert (main.startup.path, main.startup.port, main.startup.budget) == ("/v2/health/ready", 8080, 600)
     assert (main.readiness.path, main.readiness.budget) == ("/v2/health/ready", 15)
@@ -82,8 +82,8 @@ def test_grpc_v1_adds_the_torchserve_listener_on_a_free_port(tmp_path: Path) -> 
     free port; ovserve run then waits for the ``ts-inference`` listener and prints it."""
     (predictor,) = plan(isvc("torchserve.yaml"), tmp_path)
     main = predictor.main
-    assert main.argv == PY + ["serve", "--model-name", "classifier-ts", "--model-path",
-                              str(tmp_path / "predictor" / "ovserve-models")]
+    assert main.argv == [*PY, "serve", "--model-name", "classifier-ts", "--model-path",
+                         str(tmp_path / "predictor" / "ovserve-models")]
     assert main.listeners == {"rest": 8080, "grpc": 8081, "ts-inference": 7070}
     assert local_args(main, "127.0.0.1", 8000, 0, None) == [
         "--host", "127.0.0.1", "--rest-port", "8000", "--grpc-port", "0", "--ts-inference-port", "0"]
@@ -106,8 +106,8 @@ def test_without_grpc_v1_there_is_no_torchserve_listener_unless_the_args_ask(tmp
 def test_the_transformer_gets_the_local_predictor(tmp_path: Path) -> None:
     _, transformer = plan(isvc("classifier-transformer.yaml"), tmp_path)
     t = transformer.main
-    assert t.argv == PY + ["transformer", "--handler", "ovserve.server.components.imagenet:ImageNetTransformer",
-                           "--model_name", "classifier-tf"]
+    assert t.argv == [*PY, "transformer", "--handler", "ovserve.server.components.imagenet:ImageNetTransformer",
+                      "--model_name", "classifier-tf"]
     assert t.readiness.path == "/v2/health/ready" and not transformer.inits
     assert local_args(t, "127.0.0.1", 9000, None, (1111, 2222)) == [
         "--host", "127.0.0.1", "--http_port", "9000", "--predictor_host", "127.0.0.1:1111"]
@@ -121,11 +121,11 @@ def test_the_transformer_gets_the_local_predictor(tmp_path: Path) -> None:
 def test_a_container_without_command_runs_the_image_entrypoint(tmp_path: Path) -> None:
     spec = document("explainer/isvc.yaml")
     explainer = plan(prepare(spec), tmp_path)[1].main
-    assert explainer.argv[:5] == PY + ["explainer", "--predictor_protocol"]
+    assert explainer.argv[:5] == [*PY, "explainer", "--predictor_protocol"]
     assert "--predictor_host" not in explainer.argv and "--http_port" not in explainer.argv
     assert explainer.grpc_predictor is False and explainer.readiness is None
     spec["spec"]["explainer"]["containers"][0]["command"] = ["python3", "-m", "ovserve.server"]
-    assert plan(prepare(spec), tmp_path)[1].main.argv[:4] == PY + ["explainer"]
+    assert plan(prepare(spec), tmp_path)[1].main.argv[:4] == [*PY, "explainer"]
 
 
 def _predictor_container(**container: object) -> dict:
@@ -139,7 +139,8 @@ def _predictor_container(**container: object) -> dict:
     ({"args": ["demo", "/tmp/x"]}, {}, "runs `ovserve demo`, which is not a server"),
     ({"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}, {}, "env A uses valueFrom"),
     ({"envFrom": [{"configMapRef": {"name": "m"}}]}, {}, "uses envFrom"),
-    ({"volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}, {"volumes": [{"name": "cfg", "configMap": {"name": "m"}}]},
+    ({"volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]},
+     {"volumes": [{"name": "cfg", "configMap": {"name": "m"}}]},
      "volume 'cfg' (configMap) needs a cluster"),
     ({"volumeMounts": [{"name": "d", "mountPath": "/d", "subPath": "x"}]}, {"volumes": [{"name": "d", "emptyDir": {}}]},
      "mounts a subPath"),
@@ -161,7 +162,7 @@ def test_sidecars_are_refused_and_user_volumes_emulated(tmp_path: Path) -> None:
     spec["spec"]["predictor"]["volumes"] = [{"name": "data", "emptyDir": {}}]
     (predictor,) = plan(prepare(spec), tmp_path)
     local = tmp_path / "predictor" / "data"
-    assert predictor.main.argv == PY + ["serve", "--model-repository", str(local / "models")]
+    assert predictor.main.argv == [*PY, "serve", "--model-repository", str(local / "models")]
     assert predictor.main.env == {"OVSERVE_LOG_LEVEL": "debug", "WHERE": str(local / "models")}
     spec["spec"]["predictor"]["containers"].append({"name": "proxy", "image": "envoy"})
     with pytest.raises(RunError, match="sidecar containers \\(proxy\\) are not run locally"):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest

@@ -22,8 +22,8 @@ import pytest
 from ovserve.server import cpus
 from ovserve.server.errors import FailedPrecondition, InvalidInput
 from ovserve.server.repository.config import parse_config
-from ovserve.server.runtime import shapecheck
 from ovserve.server.runtime import openvino as rt
+from ovserve.server.runtime import shapecheck
 from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
 
 from . import models
@@ -51,7 +51,7 @@ def test_many_concurrent_requests_share_a_small_pool(tmp_path: Path) -> None:
     async def main() -> list[dict]:
         return await asyncio.gather(*(model.infer({"x": x}) for x in xs))
 
-    for x, out in zip(xs, asyncio.run(main())):
+    for x, out in zip(xs, asyncio.run(main()), strict=True):
         np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
     assert len(model._idle) == 2  # every request went back to the pool
 
@@ -109,7 +109,7 @@ def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inli
             x = _rows(1 + i % 3, i)
             np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
         xs = [_rows(2, 50 + i) for i in range(6)]
-        for x, out in zip(xs, await asyncio.gather(*(model.infer({"x": x}) for x in xs))):
+        for x, out in zip(xs, await asyncio.gather(*(model.infer({"x": x}) for x in xs)), strict=True):
             np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
 
     asyncio.run(main())
@@ -141,7 +141,7 @@ def test_a_tiny_model_runs_inline_however_slow_the_hand_off_to_openvino_is(
     async def main(rounds: int) -> None:
         for i in range(rounds):
             xs = [_rows(2, 10 * i + j) for j in range(4)]  # four in flight from the first request on
-            for x, out in zip(xs, await asyncio.gather(*(model.infer({"x": x}) for x in xs))):
+            for x, out in zip(xs, await asyncio.gather(*(model.infer({"x": x}) for x in xs)), strict=True):
                 np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
 
     asyncio.run(main(10))
@@ -343,7 +343,7 @@ def test_dynamic_batching_joins_concurrent_requests_and_splits_the_answers(tmp_p
     async def main() -> list[dict]:
         return await asyncio.gather(*(model.infer({"x": x}) for x in xs))
 
-    for x, out in zip(xs, asyncio.run(main())):
+    for x, out in zip(xs, asyncio.run(main()), strict=True):
         assert out["y"].shape == x.shape
         np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
     batcher = model.batcher
@@ -359,7 +359,7 @@ def test_dynamic_batching_keeps_shapes_that_cannot_join_apart(tmp_path: Path) ->
     async def main() -> list[dict]:
         return await asyncio.gather(*(model.infer({"x": x}) for x in [*xs, big]))
 
-    for x, out in zip([*xs, big], asyncio.run(main())):
+    for x, out in zip([*xs, big], asyncio.run(main()), strict=True):
         np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
 
 
@@ -416,7 +416,7 @@ def test_openvino_on_one_thread_answers_what_it_cannot_compute_with_the_last_ans
     stale = request.infer(_pair_inputs(2, 3, seed=7))  # no error ...
     np.testing.assert_allclose(stale["sum"], good["a"] + good["b"], rtol=1e-6)  # ... and the last client's answer
     request.start_async(_pair_inputs(2, 3, seed=7))
-    with pytest.raises(RuntimeError, match="shape infer|Check"):  # started asynchronously, it fails
+    with pytest.raises(RuntimeError, match=r"shape infer|Check"):  # started asynchronously, it fails
         request.wait()
 
 
@@ -503,7 +503,7 @@ def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
         # concurrent failures and successes on a pool of two
         mixed = [_pair_inputs(2, 2 + i % 2, 20 + i) for i in range(12)]
         results = await asyncio.wait_for(asyncio.gather(*(model.infer(x) for x in mixed), return_exceptions=True), 20)
-        for x, result in zip(mixed, results):
+        for x, result in zip(mixed, results, strict=True):
             if len(x["b"]) == 3:
                 assert isinstance(result, InvalidInput), result
             else:
@@ -516,7 +516,7 @@ def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
     assert model._watch is None  # nothing running: no timer left behind
     refusals = [r for r in caplog.records if "cannot compute inputs" in r.getMessage()]
     assert len(refusals) == 5 + 6  # one line per failed request
-    assert model.cost is not None and model.cost > 1e-6 or inline_below == 0.0  # failures are not measured
+    assert (model.cost is not None and model.cost > 1e-6) or inline_below == 0.0  # failures are not measured
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -543,7 +543,7 @@ def test_an_infer_request_an_inference_failed_on_is_replaced_before_it_serves_ag
         with pytest.raises(InvalidInput, match="cannot compute inputs of these shapes"):
             await asyncio.wait_for(model.infer(_pair_inputs(2, 3, 6)), 10)
         after = [slot.request for slot in model._slots]
-        replaced = [old for old, new in zip(before, after) if old is not new]
+        replaced = [old for old, new in zip(before, after, strict=True) if old is not new]
         assert len(replaced) == (1 if reached_openvino else 0), (before, after)
         assert not any(slot.failed for slot in model._slots)
         for i in range(6):  # every infer request, the fresh one among them, serves valid requests right
@@ -569,7 +569,7 @@ def test_an_inference_that_fails_after_its_model_was_unloaded_is_answered_and_le
     model = _load(tmp_path, models.two_in_two_out(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": 2})
     assert model.shape_check is None  # the failure is OpenVINO's own, asynchronous
 
-    async def main() -> None:
+    async def main(model: OpenVINOModel) -> None:  # an argument, not a closure's cell: `del model` below
         caller = asyncio.ensure_future(model.infer(_pair_inputs(2, 3, 1)))
         for _ in range(100):  # until the inference has been started on an infer request
             if any(slot.future is not None for slot in model._slots):
@@ -581,7 +581,7 @@ def test_an_inference_that_fails_after_its_model_was_unloaded_is_answered_and_le
             await asyncio.wait_for(caller, 10)
         assert model._watch is None  # nothing left running: no timer left behind
 
-    asyncio.run(main())
+    asyncio.run(main(model))
     gone = weakref.ref(model)
     del model
     deadline = time.monotonic() + 10
@@ -610,12 +610,12 @@ def test_a_batch_that_fails_for_one_member_answers_every_member_on_its_own(
 
     async def main() -> list:
         return await asyncio.wait_for(asyncio.gather(
-            *(model.infer({"x": x, "k": np.array([[k]], np.int64)}) for x, k in zip(xs, ks)),
+            *(model.infer({"x": x, "k": np.array([[k]], np.int64)}) for x, k in zip(xs, ks, strict=True)),
             return_exceptions=True), 20)
 
     with caplog.at_level("WARNING", logger=rt.log.name):
         results = asyncio.run(main())
-    for x, k, result in zip(xs, ks, results):
+    for x, k, result in zip(xs, ks, results, strict=True):
         if k == 3:
             assert isinstance(result, InvalidInput) and "x [1,4], k [1,1]" in result.message, result
         else:
@@ -716,7 +716,8 @@ def test_an_internal_failure_recompiles_at_most_once_per_interval(tmp_path: Path
     assert asyncio.run(main()) == [1, 1, 1, 1]
 
 
-def test_the_failure_watch_runs_on_uvloop_with_sub_millisecond_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_failure_watch_runs_on_uvloop_with_sub_millisecond_checks(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """uvloop's call_at gives a plain Handle (no ``when()``) for a delay under a millisecond; the
     watch once asked it ``when()`` and failed requests with AttributeError under load."""
     uvloop = pytest.importorskip("uvloop")

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
-import numpy as np
 import pytest
-import requests
 
 from ovserve.server import storage_gcs
 from ovserve.server.archives import Limits
@@ -23,7 +22,7 @@ from ovserve.server.storage import StorageError, initialize
 
 from . import gcs_store
 from .gcs_store import BUCKET, GCS
-from .test_storage_s3 import Proxy, run, socket_closed, tree, use_env
+from .storage_tools import Proxy, assert_fetched_and_served, run, serve_proxy, socket_closed, tree, use_env
 
 SERVICE = "models.store.svc.cluster.local:4443"  # a cluster Service's name: only the proxy reaches it
 
@@ -54,7 +53,7 @@ def key(token, tmp_path_factory: pytest.TempPathFactory) -> Path:
 class RecordingProxy(Proxy):
     """The S3 tests' forwarding proxy, recording each request's Authorization and damaging media GETs."""
 
-    authorizations: list[str | None] = []
+    authorizations: ClassVar[list[str | None]] = []
 
     def _record(self) -> None:
         self.authorizations.append(self.headers.get("Authorization"))
@@ -67,32 +66,13 @@ class RecordingProxy(Proxy):
 
 
 @pytest.fixture
-def proxy(gcs: GCS) -> Iterator[type[RecordingProxy]]:
-    import http.server
-    import threading
-
-    handler = type("P", (RecordingProxy,), {"upstream": gcs.port, "seen": [], "corrupt": False,
-                                            "authorizations": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    server.shutdown()
-    server.server_close()
+def proxy(gcs: GCS) -> Iterator[type[Proxy]]:
+    yield from serve_proxy(RecordingProxy, gcs.port, authorizations=[])
 
 
 def test_a_public_prefix_fills_dest_and_the_server_infers(gcs: GCS, ir: dict[str, bytes], tmp_path: Path,
                                                           start_server) -> None:
-    dest = tmp_path / "models"
-    done = run(f"gs://{BUCKET}/add-one", dest, gcs.env())
-    assert done.returncode == 0, done.stderr
-    assert tree(dest) == ir  # not the folder marker, not the sibling add-one-2/
-    server = start_server("--model-name", "add-one", "--model-path", str(dest))
-    x = np.arange(16, dtype=np.float32).reshape(1, 16)
-    r = requests.post(f"{server.url}/v2/models/add-one/infer", timeout=10, json={
-        "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
-    assert r.status_code == 200, r.text
-    assert r.json()["outputs"][0]["data"] == (x + 1).ravel().tolist()
+    assert_fetched_and_served(f"gs://{BUCKET}/add-one", gcs.env(), ir, tmp_path / "models", start_server)
 
 
 @pytest.mark.parametrize("src,expected", [

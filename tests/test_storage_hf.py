@@ -17,7 +17,7 @@ from ovserve.server.storage import StorageError, initialize
 
 from . import hf_hub
 from .hf_hub import TOKEN, Hub, Repo
-from .test_storage_s3 import Proxy, run, socket_closed, tree, use_env
+from .storage_tools import Proxy, run, serve_proxy, socket_closed, tree, use_env
 
 pytest.importorskip("huggingface_hub")
 
@@ -71,16 +71,7 @@ def test_a_repository_fills_dest_at_one_commit_and_its_cdn_never_sees_the_token(
 
 @pytest.fixture
 def proxy(hub: Hub) -> Iterator[type[Proxy]]:
-    import http.server
-    import threading
-
-    handler = type("P", (Proxy,), {"upstream": int(hub.url.rsplit(":", 1)[1]), "seen": [], "corrupt": False})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    server.shutdown()
-    server.server_close()
+    yield from serve_proxy(Proxy, int(hub.url.rsplit(":", 1)[1]))
 
 
 def test_the_proxy_variables_are_honoured(hub: Hub, ir: dict[str, bytes], tmp_path: Path, proxy,

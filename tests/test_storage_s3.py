@@ -9,54 +9,21 @@ Each failure: exit 1, one line on stderr naming the bucket or key and the cause,
 """
 from __future__ import annotations
 
-import http.client
-import http.server
-import os
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from ovserve.server.storage import StorageError, initialize
 
 from .s3_store import BIG, BUCKET, S3
-
-
-def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    """This process's environment as ``env`` says (for initialize() in process), restored after the test."""
-    for name in list(os.environ):
-        if name not in env:
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def run(src: str, dest: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ovserve.server", "storage-initializer", src, str(dest), *flags],
-                          env=env, capture_output=True, text=True, timeout=60)
+from .storage_tools import Proxy, assert_fetched_and_served, run, serve_proxy, socket_closed, tree, use_env
 
 
 def test_a_prefix_fills_dest_and_the_server_infers(s3: S3, ir: dict[str, bytes], tmp_path: Path,
                                                     start_server) -> None:
-    dest = tmp_path / "models"
-    done = run(f"s3://{BUCKET}/add-one", dest, s3.env())
-    assert done.returncode == 0, done.stderr
-    assert tree(dest) == ir  # the folder marker and the sibling add-one-2/ are not in it
-    server = start_server("--model-name", "add-one", "--model-path", str(dest))
-    x = np.arange(16, dtype=np.float32).reshape(1, 16)
-    r = requests.post(f"{server.url}/v2/models/add-one/infer", timeout=10, json={
-        "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
-    assert r.status_code == 200, r.text
-    assert r.json()["outputs"][0]["data"] == (x + 1).ravel().tolist()
+    assert_fetched_and_served(f"s3://{BUCKET}/add-one", s3.env(), ir, tmp_path / "models", start_server)
 
 
 @pytest.mark.parametrize("src,expected", [
@@ -117,69 +84,12 @@ def test_an_unreachable_endpoint_is_named(s3: S3, tmp_path: Path) -> None:
     assert not (tmp_path / "m").exists()
 
 
-class socket_closed:
-    """A port of 127.0.0.1 that nothing listens on (bound, never listening, while the test runs)."""
-
-    def __enter__(self) -> int:
-        import socket
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        return int(self.sock.getsockname()[1])
-
-    def __exit__(self, *_: object) -> None:
-        self.sock.close()
-
-
 # -- through a proxy -----------------------------------------------------------------------
-
-
-class Proxy(http.server.BaseHTTPRequestHandler):
-    """A forwarding HTTP proxy to moto that records what it forwarded and can flip a byte of GET bodies."""
-
-    upstream: int = 0
-    seen: list[str] = []
-    corrupt = False
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _forward(self) -> None:
-        self.seen.append(f"{self.command} {self.path}")
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        path = self.path.split("://", 1)[1].split("/", 1)[1] if "://" in self.path else self.path.lstrip("/")
-        conn = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=30)
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-connection", "connection")}
-        conn.request(self.command, "/" + path, body=body or None, headers=headers)
-        reply = conn.getresponse()
-        data = reply.read()
-        if self.corrupt and self.command == "GET" and self.damages(path) and data:
-            data = bytes([data[0] ^ 1]) + data[1:]
-        self.send_response(reply.status)
-        for k, v in reply.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
-                self.send_header(k, v)
-        # a HEAD's length is the one the upstream announced (its body is never sent)
-        self.send_header("Content-Length", reply.getheader("Content-Length") or "0" if self.command == "HEAD"
-                         else str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def damages(self, path: str) -> bool:
-        """Whether the body of a GET of ``path`` is an object's bytes (one to damage), not a listing."""
-        return "list-type" not in path
-
-    do_GET = do_HEAD = do_PUT = do_POST = _forward
 
 
 @pytest.fixture
 def proxy(s3: S3) -> Iterator[type[Proxy]]:
-    handler = type("P", (Proxy,), {"upstream": s3.port, "seen": [], "corrupt": False})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    server.shutdown()
-    server.server_close()
+    yield from serve_proxy(Proxy, s3.port)
 
 
 def test_the_proxy_variables_are_honoured(s3: S3, ir: dict[str, bytes], tmp_path: Path, proxy) -> None:

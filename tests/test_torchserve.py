@@ -388,7 +388,7 @@ def test_management_refuses_bad_requests_by_name(management: Any) -> None:
     got, details = code_of(lambda: register(management, ""))
     assert got is grpc.StatusCode.INVALID_ARGUMENT and "url" in details
     for field in ("batch_size", "max_batch_delay", "response_timeout", "initial_workers"):
-        got, details = code_of(lambda: register(management, "fn.mar", **{field: -1}))
+        got, details = code_of(lambda field=field: register(management, "fn.mar", **{field: -1}))
         assert got is grpc.StatusCode.INVALID_ARGUMENT and field in details
     got, details = code_of(lambda: management.ScaleWorker(management_pb2.ScaleWorkerRequest(
         model_name="add", min_worker=-2)))
@@ -412,7 +412,8 @@ def test_registration_is_refused_without_the_model_api(store: Path, tmp_path: Pa
             got, details = code_of(lambda: register(stub, "fn.mar"))
             assert got is grpc.StatusCode.PERMISSION_DENIED and "--ts-model-api" in details
             # reading is allowed
-            assert json.loads(stub.ListModels(management_pb2.ListModelsRequest()).msg)["models"][0]["modelName"] == "add"
+            listed = json.loads(stub.ListModels(management_pb2.ListModelsRequest()).msg)
+            assert listed["models"][0]["modelName"] == "add"
         assert proc.ports.get("ts-inference") == 0  # not asked for: not there
     finally:
         proc.stop()

@@ -10,7 +10,8 @@ examples do.
 from __future__ import annotations
 
 import base64
-from typing import Iterator
+import itertools
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -56,9 +57,9 @@ def transformer(request: pytest.FixtureRequest, classifier: ServerProcess) -> It
 
 
 def check_top5(labels: list[str], probs: list[float], want: str) -> None:
-    assert labels[0] == want, list(zip(labels, probs))
+    assert labels[0] == want, list(zip(labels, probs, strict=True))
     assert len(labels) == 5 and len(set(labels)) == 5
-    assert all(a >= b for a, b in zip(probs, probs[1:])) and 0 < sum(probs) <= 1 + 1e-6
+    assert all(a >= b for a, b in itertools.pairwise(probs)) and 0 < sum(probs) <= 1 + 1e-6
 
 
 def test_jpeg_batch_over_v2_binary(transformer: TransformerProcess, photos: dict[str, bytes]) -> None:

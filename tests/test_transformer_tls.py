@@ -17,8 +17,8 @@ import shutil
 import ssl
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest

@@ -9,6 +9,7 @@ made by the real ``torch-model-archiver``; the client is TorchServe's own gRPC s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +37,7 @@ def handle(data, context):
         for i in range (3):
             send_intermediate_predict_response(["intermediate_response"], context.request_ids, "Intermediate Prediction success", 200, context)
         return ["hello world "]
-'''
+'''  # noqa: E501 (verbatim)
 
 #: answers each request's body as it came; "model" reaches for context.model
 ECHO_HANDLER = '''import os
@@ -208,10 +209,8 @@ def test_an_echo_without_a_model_serves_every_torchserve_call(server: ServerProc
         assert predict(inference, "echo", b"still") == b"still"
     finally:
         for version in ("1.0", "2.0"):
-            try:
+            with contextlib.suppress(grpc.RpcError):
                 unregister(management, "echo", version)
-            except grpc.RpcError:
-                pass
     got, _ = code_of(lambda: predict(inference, "echo", b"gone"))
     assert got is grpc.StatusCode.NOT_FOUND
     assert requests.get(f"{server.url}/v2/models/echo", timeout=10).status_code == 404

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest

@@ -110,7 +110,8 @@ def test_failures_cross_as_data() -> None:
     got = failure(failure_doc(PredictionException("no such user", 404)))
     assert isinstance(got, HandlerFailed) and got.error_code == 404 and got.type_name == "PredictionException"
     got = failure(failure_doc(ValueError("bad")))
-    assert isinstance(got, HandlerFailed) and (got.type_name, got.message, got.error_code) == ("ValueError", "bad", None)
+    assert isinstance(got,
+                      HandlerFailed) and (got.type_name, got.message, got.error_code) == ("ValueError", "bad", None)
     assert isinstance(failure(failure_doc(InvalidInput("shape"))), InvalidInput)
     over = failure(failure_doc(Overloaded("full", 7.0)))
     assert isinstance(over, Overloaded) and over.retry_after_s == 7.0

@@ -29,7 +29,8 @@ from . import models
 #: 12 convolutions of 16 channels at 28x28: 43 MFLOP, milliseconds per inference (compute-bound)
 SMALL = {"layers": 12, "channels": 16, "size": 28}
 #: what the server logs for a measured model: each candidate's median
-MEASURED = re.compile(r"untuned precision: INFERENCE_PRECISION_HINT (\w+) \(measured (\w+) ([\d.]+) ms, (\w+) ([\d.]+) ms")
+MEASURED = re.compile(r"untuned precision: INFERENCE_PRECISION_HINT (\w+) "
+                      r"\(measured (\w+) ([\d.]+) ms, (\w+) ([\d.]+) ms")
 DEFAULT = measure.default_precision(core())
 needs_a_choice = pytest.mark.skipif(DEFAULT == "f32", reason="OpenVINO infers in f32 here: there is nothing to choose")
 
@@ -84,7 +85,8 @@ def test_the_cache_is_kept_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert list(json.loads(file.read_text())) == ["k2", "k3", "k4"]  # the oldest dropped
 
 
-def test_the_cache_sits_in_openvinos_model_cache_or_the_servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_sits_in_openvinos_model_cache_or_the_servers(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OVSERVE_CACHE", str(tmp_path / "ovserve"))
     assert measure.cache_path({}) == tmp_path / "ovserve" / measure.CACHE_FILE
     assert measure.cache_path({"CACHE_DIR": str(tmp_path / "ov")}) == tmp_path / "ov" / measure.CACHE_FILE
@@ -150,7 +152,8 @@ def test_a_compute_bound_model_is_measured_and_then_read_from_the_cache(
     with caplog.at_level(logging.INFO, logger="ovserve"):
         again = OpenVINOModel(first.path, LoadOptions())
         again.load()
-    assert "(measured " not in caplog.text and f"INFERENCE_PRECISION_HINT {chosen} (as measured before, in " in caplog.text
+    assert "(measured " not in caplog.text
+    assert f"INFERENCE_PRECISION_HINT {chosen} (as measured before, in " in caplog.text
     assert again.described["precision_chosen_by"] == "cache" and again.described["inference_precision"] == chosen
     # another batch size is another compiled model: measured anew
     caplog.clear()
@@ -167,7 +170,8 @@ def test_a_tiny_model_is_compiled_in_f32_without_measuring(tmp_path: Path, caplo
     assert tiny.described["inference_precision"] == "f32"
     if DEFAULT != "f32":
         assert tiny.described["precision_chosen_by"] == "exact"
-        assert "untuned precision: INFERENCE_PRECISION_HINT f32 (" in caplog.text and "microseconds either way" in caplog.text
+        assert "untuned precision: INFERENCE_PRECISION_HINT f32 (" in caplog.text
+        assert "microseconds either way" in caplog.text
     assert not (tmp_path / "cache").exists()  # nothing measured, nothing written
 
 
@@ -213,7 +217,8 @@ def test_a_failed_measurement_leaves_openvinos_default_and_the_load_succeeds(
     with caplog.at_level(logging.INFO, logger="ovserve"):
         model = _load(tmp_path / "m", models.conv_stack(**SMALL))
     assert model.described["inference_precision"] == DEFAULT
-    assert f"OpenVINO's default, {DEFAULT} (the measurement failed: no memory for a second compiled model;" in caplog.text
+    assert (f"OpenVINO's default, {DEFAULT} (the measurement failed: no memory for a second compiled model;"
+            in caplog.text)
     x = np.zeros((1, 16, 28, 28), np.float32)
     import asyncio
 
@@ -270,7 +275,7 @@ def test_a_measurement_on_a_busy_machine_is_kept_but_not_cached(
 
 
 # -- a real server ----------------------------------------------------------------------------------------
-def _metadata(server, name: str) -> dict:  # noqa: ANN001
+def _metadata(server, name: str) -> dict:
     reply = requests.get(f"{server.url}/v2/models/{name}", timeout=10)
     assert reply.status_code == 200, reply.text
     return reply.json()

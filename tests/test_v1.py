@@ -116,7 +116,7 @@ def test_predict_full_range(echo_server, datatype: str) -> None:
 # -- :predict, two inputs and two outputs ------------------------------------------
 def two_bodies(a: np.ndarray, b: np.ndarray) -> dict[str, dict]:
     return {
-        "instances": {"instances": [{"a": ra, "b": rb} for ra, rb in zip(a.tolist(), b.tolist())]},
+        "instances": {"instances": [{"a": ra, "b": rb} for ra, rb in zip(a.tolist(), b.tolist(), strict=True)]},
         "inputs": {"inputs": {"a": a.tolist(), "b": b.tolist()}},
     }
 

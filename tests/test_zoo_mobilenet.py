@@ -38,7 +38,7 @@ def top5(version_dir):
     logits = compiled(batch)[compiled.output("logits")]
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
-    return {n: [(labels[i], float(p[i])) for i in np.argsort(-p)[:5]] for n, p in zip(names, probs)}
+    return {n: [(labels[i], float(p[i])) for i in np.argsort(-p)[:5]] for n, p in zip(names, probs, strict=True)}
 
 
 def test_signature_and_files(version_dir):

@@ -24,7 +24,7 @@ from ovserve.server.zoo.pth import LEGACY_MAGIC, LEGACY_PROTOCOL, load_state_dic
 STORAGES = {"0": np.arange(12, dtype=np.float32), "1": np.array([7, 8, 9], dtype=np.float32)}
 
 
-@pytest.fixture()
+@pytest.fixture
 def fake_torch(monkeypatch):
     torch, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
 

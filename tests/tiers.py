@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -30,7 +30,8 @@ MODULE_TIERS: dict[str, str] = {
         "test_images_server", "test_kserve_sdk", "test_lifecycle", "test_smoke", "test_statistics",
         "test_storage_initializer", "test_storage_s3", "test_storage_gcs", "test_storage_hf",
         "test_docs", "test_source_install",
-        "test_tracing", "test_transformer", "test_tls", "test_transformer_imagenet", "test_transformer_tls", "test_v1", "test_zoo_mobilenet",
+        "test_tracing", "test_transformer", "test_tls", "test_transformer_imagenet", "test_transformer_tls", "test_v1",
+                     "test_zoo_mobilenet",
         "test_zoo_pth",
     ], "integration"),
     # hypothesis-made HTTP/2 frame sequences against one server on the default gRPC engine (issue 33)
@@ -119,5 +120,6 @@ def unit_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pyte
         monkeypatch.setattr(socket.socket, name, refuse(f"called socket.{name}"))
     yield attempts
     if attempts and not request.node.stash.get(_CALL_FAILED, False):
-        pytest.fail(f"a unit test reached out of its process and caught the error ({', '.join(sorted(set(attempts)))}): "
+        caught = ", ".join(sorted(set(attempts)))
+        pytest.fail(f"a unit test reached out of its process and caught the error ({caught}): "
                     "mark it integration (tests/tiers.py)", pytrace=False)
