@@ -70,7 +70,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if len(tiers) > 1:
             raise pytest.UsageError(f"{item.nodeid} is in more than one tier: {sorted(tiers)}")
         if not tiers:
-            tier = MODULE_TIERS.get(module_of(item)) or ("integration" if SERVER_FIXTURES & set(item.fixturenames) else "unit")
+            starts_a_server = bool(SERVER_FIXTURES & set(item.fixturenames))
+            tier = MODULE_TIERS.get(module_of(item)) or ("integration" if starts_a_server else "unit")
             item.add_marker(tier)
         if module_of(item) in TIMING_MODULES:
             item.add_marker("timing")
