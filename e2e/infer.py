@@ -3,7 +3,7 @@
 Usage: python e2e/infer.py --model NAME --rest HOST:PORT --grpc HOST:PORT [--explain HOST:PORT]
 Exit 0 when every answer is y = x @ [[1,0],[0,1],[1,1]] + [0.5,-0.5] (and, with --explain, an explainer's
 KServe V1 :explain is exactly W[:, t] * x for the class t of each row); 1 otherwise.
-Used by e2e/kind.sh (through kubectl port-forward), e2e/test_kind.py (locally) and e2e/test_cluster.py.
+Used by e2e/bodies.py (the end-to-end tests, in the node's network namespace) and e2e/test_kind.py (locally).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def wait_ready(client, model: str, timeout: float) -> None:
         try:
             if client.is_server_live() and client.is_model_ready(model):
                 return
-        except Exception as exc:
+        except Exception as exc:  # a server or a port-forward that is still coming up
             last = exc
         else:
             last = "not ready"

@@ -3,7 +3,7 @@
 # export of this checkout: the files git tracks, as they are in the work tree (so a file not yet added is
 # missing here as it would be from a clone), never the folder itself with its caches and virtual environments.
 # One script for every place that builds them: the image tier (tests/test_container_images.py, with buildah and
-# the local stand-in base of scripts/image_testbed.sh), e2e/kind.sh and its GitHub workflow (docker, the pinned
+# the local stand-in base of scripts/image_testbed.sh), e2e/test_kind.py and its GitHub workflow (docker, the pinned
 # official base). Same Dockerfiles, same locks (requirements/*.txt), same context either way.
 #
 # Usage: bash scripts/build_images.sh [options] [server] [operator]     (default: both)

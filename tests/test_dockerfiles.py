@@ -6,7 +6,7 @@ non-root numeric user, real ports, health check, OCI labels); the builder stage'
 redone here on exactly the build context ``.dockerignore`` lets through (the wheel, the
 operator's requirements from the wheel's metadata, with the RUN line's own shell command),
 and the server image's HEALTHCHECK command is run against a real server. The images
-themselves are built by ``e2e/kind.sh``.
+themselves are built by the images tier (tests/test_container_images.py) and the end-to-end tests.
 """
 from __future__ import annotations
 
