@@ -35,7 +35,7 @@ import numpy as np
 from ..config import ProcessSettings
 from ..dataplane import Explains
 from ..errors import DeadlineExceeded, InternalError, InvalidInput, NotFound, Unsupported
-from ..flags import add_process_flags, boolean, env_default, process_settings
+from ..flags import add_process_flags, boolean, env_default
 from ..process import configure_logging, run_event_loop
 from ..types import (
     Explanation,
@@ -467,46 +467,13 @@ def main(ns: argparse.Namespace) -> int:
 
 
 def build(ns: argparse.Namespace) -> Any:
-    """The explainer's Server: its data plane over a predictor client (made on the running loop:
-    a gRPC channel belongs to one), and its listeners."""
-    from ovserve.client.connection import TlsFilesError
-    from ovserve.client.predictor import PredictorClient
-    from ovserve.common.tokens import TokenFileError
+    """The explainer's Server (server/components/front.py): an Explainer over the predictor's client."""
+    from . import front
 
-    from .. import tls, tracing
-    from ..app import Listener, Server
-    from ..gate import gate_from_settings
-    from ..transports.grpc.listener import GrpcListener
-    from ..transports.grpc_v2 import servicer as kserve_grpc
-    from ..transports.rest.listener import RestListener
+    def plane(settings: ProcessSettings, protocol: str) -> tuple[Explainer, str]:
+        client = front.predictor_client(ns, protocol)
+        explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
+                              concurrency=ns.max_concurrent_calls)
+        return explainer, f"explaining model {ns.model_name!r} with the predictor at {client.target} ({protocol})"
 
-    settings = process_settings(ns)
-    protocol = ns.predictor_protocol or ns.protocol or "v2"
-    # off unless asked; on, the predictor's calls carry the request's trace context (ovserve.common.outgoing)
-    tracing.configure(settings.trace_endpoint, settings.trace_sample_ratio)
-    try:
-        gate = gate_from_settings(settings)  # its own tokens and access log, as the model server's
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-    try:
-        client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
-                                 timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries,
-                                 token_file=ns.predictor_token_file, ca=ns.predictor_ca, cert=ns.predictor_cert,
-                                 key=ns.predictor_key)
-    except TokenFileError as exc:
-        raise InvalidInput(f"--predictor_token_file: {exc}") from None
-    except TlsFilesError as exc:
-        raise InvalidInput(f"--predictor_ca/--predictor_cert/--predictor_key: {exc}") from None
-    except ValueError as exc:
-        raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
-    explainer = Explainer(ns.model_name, client, timeout=ns.explain_timeout_seconds,
-                          concurrency=ns.max_concurrent_calls)
-    rest = RestListener(explainer, settings.max_request_bytes, settings.max_header_bytes, backlog=512, gate=gate)
-    listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
-    if settings.grpc_port is not None:
-        listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(explainer)],
-                                       settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
-    log.info("explaining model %r with the predictor at %s (%s)", ns.model_name, client.target, protocol)
-    return Server(explainer, listeners, settings.host, settings.grace_period,
-                  tls.for_settings(settings, [listener.name for listener, _ in listeners]),
-                  drain_delay=settings.drain_delay)
+    return front.build(ns, plane, backlog=512)

@@ -16,8 +16,7 @@ from typing import Any
 from ovserve.client.predictor import PROTOCOLS
 
 from ..config import ProcessSettings
-from ..errors import InvalidInput
-from ..flags import add_process_flags, boolean, env_default, process_settings
+from ..flags import add_process_flags, boolean, env_default
 from ..process import configure_logging, run_event_loop
 from .transformer import HandlerLoadError, Transformer, load_handler
 
@@ -74,49 +73,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 
 def build(ns: argparse.Namespace, handler: Transformer) -> Any:
-    """The transformer's Server: its data plane over the predictor client, and its listeners."""
-    from ovserve.client.connection import TlsFilesError
-    from ovserve.client.predictor import PredictorClient
-    from ovserve.common.tokens import TokenFileError
-
-    from .. import tls, tracing
-    from ..app import Listener, Server
-    from ..gate import gate_from_settings
-    from ..transports.grpc.listener import GrpcListener
-    from ..transports.grpc_v2 import servicer as kserve_grpc
-    from ..transports.rest.listener import RestListener
+    """The transformer's Server (server/components/front.py): its data plane over the predictor's client."""
+    from . import front
     from .transformer import TransformerDataPlane
 
-    settings = process_settings(ns)
-    protocol = ns.predictor_protocol or ns.protocol or "v2"
-    # off unless asked; on, the predictor's calls carry the request's trace context (ovserve.common.outgoing)
-    tracing.configure(settings.trace_endpoint, settings.trace_sample_ratio)
-    try:
-        gate = gate_from_settings(settings)  # its own tokens and access log, as the model server's
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-    try:
-        client = PredictorClient(ns.predictor_host, protocol, use_ssl=ns.predictor_use_ssl,
-                                 timeout=ns.predictor_request_timeout_seconds, retries=ns.predictor_request_retries,
-                                 model_name=ns.model_name, token_file=ns.predictor_token_file,
-                                 ca=ns.predictor_ca, cert=ns.predictor_cert, key=ns.predictor_key)
-    except TokenFileError as exc:
-        raise InvalidInput(f"--predictor_token_file: {exc}") from None
-    except TlsFilesError as exc:
-        raise InvalidInput(f"--predictor_ca/--predictor_cert/--predictor_key: {exc}") from None
-    except ValueError as exc:
-        raise InvalidInput(f"--predictor_host {ns.predictor_host!r}: {exc}") from None
-    dp = TransformerDataPlane(ns.model_name, handler, client, health_check=ns.enable_predictor_health_check)
-    rest = RestListener(dp, settings.max_request_bytes, settings.max_header_bytes, backlog=1024, gate=gate)
-    listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
-    if settings.grpc_port is not None:
-        listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dp)], settings.max_request_bytes,
-                                       settings.grpc_engine, gate), settings.grpc_port))
-    log.info("transformer %s for model %r -> predictor %s (%s)%s", dp.handler_name, ns.model_name, client.target,
-             protocol, ", ready only with the predictor" if ns.enable_predictor_health_check else "")
-    return Server(dp, listeners, settings.host, settings.grace_period,
-                  tls.for_settings(settings, [listener.name for listener, _ in listeners]),
-                  drain_delay=settings.drain_delay)
+    def plane(settings: ProcessSettings, protocol: str) -> tuple[TransformerDataPlane, str]:
+        client = front.predictor_client(ns, protocol, model_name=ns.model_name)
+        dp = TransformerDataPlane(ns.model_name, handler, client, health_check=ns.enable_predictor_health_check)
+        ready = ", ready only with the predictor" if ns.enable_predictor_health_check else ""
+        return dp, (f"transformer {dp.handler_name} for model {ns.model_name!r} -> predictor {client.target} "
+                    f"({protocol}){ready}")
+
+    return front.build(ns, plane, backlog=1024)
 
 
 def main(ns: argparse.Namespace) -> int:
