@@ -217,6 +217,20 @@ def _call_span(servicer: Servicer, method: str, request: Any, context: Any) -> A
     return tracing.server_span(f"{servicer.service_name}/{method}", Metadata(context), attributes)
 
 
+async def _begin(servicer: Servicer, method: str, context: Any) -> tuple[Observed | None, float]:
+    """A counted call begins (:func:`enter`): what observes it in the metrics (None: nothing) and when."""
+    await enter(servicer.in_flight, context)
+    observed = servicer.observed.get(method) if servicer.metrics is not None else None
+    return observed, (time.perf_counter() if observed is not None else 0.0)
+
+
+def _end(servicer: Servicer, request: Any, observed: Observed | None, ok: bool, started: float) -> None:
+    """The call :func:`_begin` counted has ended, ``ok`` or not."""
+    servicer.in_flight.leave()
+    if observed is not None and servicer.metrics is not None:
+        observed.done(servicer.metrics, request, ok, started)
+
+
 def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """A unary-response method: behind the gate (tokens, access log), counted in flight, its errors
     mapped to a status."""
@@ -237,10 +251,7 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             return reply
 
     async def served(self: Servicer, request: Any, context: Any) -> Any:
-        await enter(self.in_flight, context)
-        metrics = self.metrics
-        observed = self.observed.get(method) if metrics is not None else None
-        started = time.perf_counter() if observed is not None else 0.0
+        observed, started = await _begin(self, method, context)
         ok = False
         try:
             reply = await fn(self, request, context)
@@ -251,9 +262,7 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         except Exception as exc:
             await _abort(context, exc, method, self.pushback)
         finally:
-            self.in_flight.leave()
-            if observed is not None and metrics is not None:
-                observed.done(metrics, request, ok, started)
+            _end(self, request, observed, ok, started)
 
     return gated_unary(call)
 
@@ -276,10 +285,7 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
             tracing.annotate(_OK)
 
     async def served(self: Servicer, request: Any, context: Any) -> AsyncIterator[T]:
-        await enter(self.in_flight, context)
-        metrics = self.metrics
-        observed = self.observed.get(method) if metrics is not None else None
-        started = time.perf_counter() if observed is not None else 0.0
+        observed, started = await _begin(self, method, context)
         ok = False
         try:
             async for reply in fn(self, request, context):
@@ -290,9 +296,7 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
         except Exception as exc:
             await _abort(context, exc, method, self.pushback)
         finally:
-            self.in_flight.leave()
-            if observed is not None and metrics is not None:
-                observed.done(metrics, request, ok, started)
+            _end(self, request, observed, ok, started)
 
     return gated_stream(call)
 
