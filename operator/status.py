@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import names as n
-from .validation import Invalid, check
+from .validation import Invalid, validate
 
 INVALID = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
@@ -146,16 +146,16 @@ def compute(isvc: dict[str, Any], deployments: dict[str, dict[str, Any]], now: s
 
     ``deployments`` and ``pods`` are keyed by component (the ``component`` label).
     """
-    meta = isvc["metadata"]
     previous = (isvc.get("status") or {}).get("conditions") or []
-    present = n.present_components(isvc)
-    address = n.url(meta["name"], meta["namespace"])
-    components = {c: ({"url": n.url(n.child_name(meta["name"], c), meta["namespace"])} if c in present else None)
-                  for c in n.COMPONENTS}
     try:
-        check(isvc)
+        spec = validate(isvc)  # read once: the components present are the spec's
     except Invalid as exc:
         return {"conditions": _stamp([_cond("Ready", "False", INVALID, str(exc))], previous, now)}
+    namespace = isvc["metadata"]["namespace"]
+    present = list(spec.components)
+    address = n.url(spec.name, namespace)
+    components = {c: ({"url": n.url(n.child_name(spec.name, c), namespace)} if c in present else None)
+                  for c in n.COMPONENTS}
     conditions = [component_condition(c, deployments.get(c), (pods or {}).get(c)) for c in present]
     conditions.append(failure or ready_condition(conditions))
     return {"url": address, "address": {"url": address}, "components": components,
