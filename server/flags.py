@@ -131,7 +131,7 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
         "gRPC server: auto (grpcio, on every listener), grpcio (grpc.aio: gRPC's C core, with the limits in "
         "docs/operations.md), or, experimental and opt-in, each failing some HTTP/2 attacks grpcio withstands "
         "(docs/operations.md \"The gRPC door\"): loop (ovserve's own HTTP/2 on the event loop; fails the PING "
-        "and SETTINGS floods, serves malformed requests, and over TLS leaves a refused call waiting) or native "
+        "and SETTINGS floods, and over TLS leaves a refused call waiting) or native "
         "(pygrpc-native: HTTP/2 outside the GIL; no TLS; fails the PING flood, waits for a message past "
         "--max-request-bytes, serves white space around a header value; pip install 'ovserve[grpc-native]')",
         aliases=names("--grpc-engine"), choices=list(GRPC_ENGINE_CHOICES))
