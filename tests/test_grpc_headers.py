@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ovserve.server.transports.grpc.headers import QUOTED_NAME, header_bytes, malformed
+from ovserve.server.transports.grpc.loop import malformed_request
 
 UA = ("user-agent", "grpc-python/1.85.4 grpc-c/50.0.0 (linux; chttp2)")
 
@@ -52,3 +53,33 @@ def test_header_bytes_count_as_hpack_does() -> None:
     assert header_bytes([("x-a", "é")]) == 3 + 2 + 32  # UTF-8 bytes, not characters
     assert header_bytes([("x-a-bin", b"\x00" * 4)]) == 7 + 8 + 32  # its base64 on the wire
     assert header_bytes([("x-big", "a" * (20 << 10))]) > 16 << 10
+
+
+REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+           (b":authority", b"ovserve"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+           (b"user-agent", UA[1].encode())]
+
+
+def test_the_loop_engine_takes_a_well_formed_request() -> None:
+    assert malformed_request(REQUEST) is None
+    assert malformed_request([*REQUEST, (b"x-a-bin", b"AAEC"), (b"x-obs", b"caf\xe9")]) is None
+
+
+@pytest.mark.parametrize("fields, says", [
+    ([(b":path", b"/x"), *REQUEST], "b':path' unknown or repeated"),
+    ([(b":method", b"GET"), *REQUEST], "b':method' unknown or repeated"),
+    ([(b":scheme", b"https"), *REQUEST], "b':scheme' unknown or repeated"),
+    ([*REQUEST, (b":authority", b"other")], "b':authority' after a regular field"),
+    ([(b":status", b"200"), *REQUEST], "b':status' unknown or repeated"),
+    ([(b":protocol", b"websocket"), *REQUEST], "b':protocol'"),
+    ([*REQUEST, (b"te", b"gzip")], "te other than trailers"),
+    ([*REQUEST, (b"connection", b"close")], "connection-specific header field 'connection'"),
+    ([*REQUEST, (b"x-a", b"a\r\nb")], "invalid value of header field 'x-a'"),
+    ([*REQUEST, (b"x-a", b" a")], "'x-a'"),
+    ([*REQUEST, (b"X-A", b"a")], "invalid header field name 'X-A'"),
+])
+def test_the_loop_engine_finds_a_malformed_request(fields: list[tuple[bytes, bytes]], says: str) -> None:
+    """Issue 33, item 5 on the loop engine: the interceptor's rule, and the pseudo-header rules (RFC 9113 §8.3)
+    grpcio's core keeps from Python, on the raw header list the engine decodes."""
+    why = malformed_request(fields)
+    assert why is not None and says in why, why

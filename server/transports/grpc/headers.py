@@ -18,7 +18,9 @@ pseudo-headers).
 The same interceptor applies the metadata size limit to the call's metadata as a whole, which the core
 applies frame by frame (:class:`MalformedRequests`).
 
-Only grpcio runs interceptors at no extra cost; the experimental engines (loop, native) are not covered.
+Only grpcio runs interceptors at no extra cost. The loop engine applies :func:`malformed` itself, with the
+pseudo-header rules the core keeps from Python, and resets the stream (``loop.malformed_request``); native
+relies on its own HTTP/2's checks.
 
 A refused call is counted (:attr:`MalformedRequests.refused`, by reason: ``ovserve_requests_malformed_total``
 when metrics are on) and, with ``--access-log``, logged as any call is: its method, status and client, no model,

@@ -39,6 +39,8 @@ import grpc
 import hpack
 import hpack.exceptions
 
+from .headers import malformed
+
 log = logging.getLogger("ovserve")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -77,12 +79,36 @@ _FRAME = struct.Struct(">BHBBI")
 _PREFIX = struct.Struct(">BI")
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
+#: the pseudo-headers a request may carry, each at most once and before every regular field (RFC 9113 §8.3)
+_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 #: request headers that are HTTP/2 or gRPC's own, not the call's metadata (as grpcio leaves them out)
 _NOT_METADATA = frozenset({b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                            b"grpc-message-type", b"grpc-previous-rpc-attempts"})
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 #: grpc-message is percent-encoded outside printable ASCII (and '%' itself)
 _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
+
+
+def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a request with these header fields is malformed (RFC 9113 §8.2-8.3), or None: a pseudo-header other
+    than a request's, twice, or after a regular field; a ``te`` other than ``trailers``; and what
+    :func:`.headers.malformed` refuses on grpcio (invalid names, connection-specific fields, control characters
+    or white space at either end of a value). Issue 33, item 5: grpcio's core and ovserve's interceptor refuse
+    these there; this engine sees every field, pseudo-headers too."""
+    seen: set[bytes] = set()
+    regular: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name[:1] == b":":
+            if regular:
+                return f"pseudo-header {name[:64]!r} after a regular field"
+            if name not in _REQUEST_PSEUDO or name in seen:
+                return f"pseudo-header {name[:64]!r} unknown or repeated"
+            seen.add(name)
+        elif name == b"te" and value != b"trailers":
+            return "te other than trailers"
+        else:
+            regular.append((name.decode("latin-1"), value.decode("latin-1")))
+    return malformed(regular)
 
 
 def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
@@ -543,7 +569,7 @@ class _Connection(asyncio.Protocol):
         self.settings_seen = False
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         #: header blocks that left the HPACK table as it was, and their fields, while it stays so (_decode)
-        self.blocks: dict[bytes, tuple[list[tuple[bytes, bytes]], dict[bytes, bytes]]] = {}
+        self.blocks: dict[bytes, tuple[list[tuple[bytes, bytes]], dict[bytes, bytes], str | None]] = {}
         self.calls: dict[int, _Call] = {}
         self.last_sid = 0
         self.headers_pending: tuple[int, int, bytearray] | None = None  # HEADERS waiting for CONTINUATION
@@ -829,9 +855,13 @@ class _Connection(asyncio.Protocol):
         if sid % 2 == 0:
             raise _ConnectionError(PROTOCOL_ERROR, f"a client-initiated stream with an even id ({sid})")
         self.last_sid = sid
-        headers, named = self._decode(block)
+        headers, named, why = self._decode(block)
         if self.going_away or len(self.calls) >= MAX_STREAMS:
             self.write(frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
+            return
+        if why is not None:  # never a call (RFC 9113 §8.1.1)
+            log.debug("gRPC stream %d from %s reset: malformed request: %s", sid, self.peer, why)
+            self.write(frame(RST_STREAM, 0, sid, _U32.pack(PROTOCOL_ERROR)))
             return
         path = named.get(b":path", b"")
         if named.get(b":method") != b"POST" or not path:
@@ -854,8 +884,9 @@ class _Connection(asyncio.Protocol):
         if flags & END_STREAM and sid in self.calls:
             self._ended(call)
 
-    def _decode(self, block: bytes) -> tuple[list[tuple[bytes, bytes]], dict[bytes, bytes]]:
-        """A header block's fields, and the same as a dict (for the fields read here and by the call).
+    def _decode(self, block: bytes) -> tuple[list[tuple[bytes, bytes]], dict[bytes, bytes], str | None]:
+        """A header block's fields, the same as a dict (for the fields read here and by the call), and why a
+        request with them is malformed (:func:`malformed_request`), or None.
 
         A client's calls after its first send the same block, each field a reference into the HPACK tables
         (grpcio: path, content-type, user agent, te, ...); such a block leaves the dynamic table as it was,
@@ -868,7 +899,7 @@ class _Connection(asyncio.Protocol):
         entries = table.dynamic_entries
         newest, count, size = entries[0] if entries else None, len(entries), table.maxsize
         headers: list[tuple[bytes, bytes]] = list(self.decoder.decode(block, raw=True))
-        decoded = headers, dict(headers)
+        decoded = headers, dict(headers), malformed_request(headers)  # checked once per block remembered
         entries = table.dynamic_entries
         if len(entries) == count and (entries[0] if entries else None) is newest and table.maxsize == size:
             if len(self.blocks) < MAX_BLOCKS and len(block) <= MAX_BLOCK:
