@@ -74,7 +74,7 @@ async def _paths(repo: Path, blocks: int, per_block: int) -> dict[str, tuple[flo
     from ovserve.server.model_server import ModelServer
     from ovserve.server.repository.config import SingleModelSource
     from ovserve.server.repository.manager import ModelManager
-    from ovserve.server.runtime.openvino import LoadOptions
+    from ovserve.server.runtime.loading import LoadOptions
     from ovserve.server.transports.grpc_v2.servicer import InferenceServicer
     from ovserve.server.transports.rest.app import create_app
 

@@ -114,7 +114,7 @@ def with_servers_precision(name: str, path: Path) -> None:
     default precision against f32 on this CPU, server/runtime/measure.py) with the spec's properties. Nothing
     where the spec names a precision already."""
     from ovserve.server.runtime import measure, untuned
-    from ovserve.server.runtime.openvino import core
+    from ovserve.server.runtime.loading import core
 
     config = spec_of(name).plugin_config
     if untuned.precision_untuned(config):

@@ -42,7 +42,7 @@ from .measure import RESULTS, wait_quiet
 GOAL = 0.95
 PROTOCOLS = ("grpc", "rest-binary")
 SHARE = 0.85  # the wire's rate while the ceiling is taken, x raw alone (bench.floor's default)
-#: the server's log line of its choice (server/runtime/openvino.py)
+#: the server's log line of its choice (server/runtime/compiling.py)
 _SAID = re.compile(r"untuned precision: (.*)$")
 
 
@@ -158,7 +158,8 @@ def load_seconds(path: Path, loads: int) -> dict[str, float]:
     """Median seconds of ``OpenVINOModel.load`` (read, choose, compile, infer requests), in process: measuring
     (an empty cache each time), the decision from the cache, and the measurement off."""
     from ovserve.server.runtime import measure
-    from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
+    from ovserve.server.runtime.loading import LoadOptions
+    from ovserve.server.runtime.openvino import OpenVINOModel
 
     def one() -> float:
         model = OpenVINOModel(path, LoadOptions())

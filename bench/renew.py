@@ -1,7 +1,7 @@
 """``python -m bench.renew``: what replacing a failed infer request costs (issue 32).
 
 An infer request whose inference failed inside OpenVINO goes back to the pool as a fresh
-``create_infer_request()`` of the same compiled model (server/runtime/openvino.py, "Failed infer
+``create_infer_request()`` of the same compiled model (server/runtime/pool.py, "Failed infer
 requests are discarded"). This tool times, per model of the bench's repository and per performance
 hint, ``create_infer_request()`` against one inference on a request already in use, both in this
 process, so the price of a replacement is read beside what one request costs anyway.

@@ -23,8 +23,9 @@ from .errors import FailedPrecondition, InvalidInput, NotFound, ServerError, Una
 from .handoff import Handoff
 from .repository.manager import ModelManager, ModelVersion
 from .repository.states import State
+from .runtime.loading import LoadOptions
 from .runtime.memory import release_free_memory
-from .runtime.openvino import LoadOptions, OpenVINOModel
+from .runtime.openvino import OpenVINOModel
 from .runtime.statistics import InferenceStatistics
 from .torchserve.registry import HandlerRegistry, Store, WorkerPolicy
 from .types import (

@@ -16,7 +16,7 @@ from .model_server import ModelServer
 from .repository.config import ConfigFileSource, RepositorySource, SingleModelSource
 from .repository.manager import ModelManager, Source
 from .runtime import measure
-from .runtime.openvino import LoadOptions
+from .runtime.loading import LoadOptions
 from .torchserve.registry import WorkerPolicy
 from .torchserve.store import ModelStore
 from .transports.grpc.listener import GrpcListener

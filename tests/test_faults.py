@@ -81,7 +81,7 @@ def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         # two threads, named: an untuned model of microseconds gets one (server/runtime/untuned.py)
         _model_entry("pair", plugin_config={**f32, "INFERENCE_NUM_THREADS": 2}),
         # one thread, where OpenVINO's synchronous infer() fails nothing and answers with the last
-        # client's outputs (runtime/openvino.py ONE_THREAD_SYNC_IS_UNSAFE)
+        # client's outputs (runtime/inline.py ONE_THREAD_SYNC_IS_UNSAFE)
         _model_entry("pair_one_thread", plugin_config={**f32, "INFERENCE_NUM_THREADS": 1}),
         # THROUGHPUT: several streams, so only inferences under 150 us would run inline
         _model_entry("pair_async", plugin_config={**f32, "PERFORMANCE_HINT": "THROUGHPUT"}),

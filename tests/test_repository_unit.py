@@ -33,7 +33,7 @@ from ovserve.server.repository.config import (
 from ovserve.server.repository.document import MAX_CONFIG_BYTES, MAX_DEPTH, read_config_file
 from ovserve.server.repository.manager import ModelManager
 from ovserve.server.repository.policy import VersionPolicy
-from ovserve.server.runtime.openvino import LoadOptions
+from ovserve.server.runtime.loading import LoadOptions
 
 from . import models
 from .flags import serve_options

@@ -22,9 +22,11 @@ import pytest
 from ovserve.server import cpus
 from ovserve.server.errors import FailedPrecondition, InvalidInput
 from ovserve.server.repository.config import parse_config
+from ovserve.server.runtime import asynchronous, compiling, recompiling, shapecheck
+from ovserve.server.runtime import inline as inline_rule
 from ovserve.server.runtime import openvino as rt
-from ovserve.server.runtime import shapecheck
-from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
+from ovserve.server.runtime.loading import LoadOptions
+from ovserve.server.runtime.openvino import OpenVINOModel
 
 from . import models
 
@@ -53,13 +55,13 @@ def test_many_concurrent_requests_share_a_small_pool(tmp_path: Path) -> None:
 
     for x, out in zip(xs, asyncio.run(main()), strict=True):
         np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
-    assert len(model._idle) == 2  # every request went back to the pool
+    assert len(model.pool.idle) == 2  # every request went back to the pool
 
 
 @pytest.mark.parametrize("inline_below", [0.0, 10.0], ids=["never-inline", "always-inline"])
 def test_only_the_outputs_asked_for_are_read(tmp_path: Path, inline_below: float,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", inline_below)
     model = _load(tmp_path, models.two_in_two_out())
     a, b = _rows(2, 1, 4), _rows(2, 2, 4)
 
@@ -81,9 +83,9 @@ def test_without_nireq_a_model_gets_a_request_queued_behind_each_stream(tmp_path
     the optimal number with dynamic batching, and exactly what a model's nireq says."""
     props = {**F32, "PERFORMANCE_HINT": hint}
     plain = _load(tmp_path / "plain", models.add_one(), plugin_config=props)
-    assert plain._compiled is not None
-    optimal = int(plain._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-    assert plain.nireq == len(plain._slots) == rt.NIREQ_PER_OPTIMAL * optimal == 2 * optimal
+    assert plain.pool.compiled is not None
+    optimal = int(plain.pool.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    assert plain.nireq == len(plain.pool.slots) == rt.NIREQ_PER_OPTIMAL * optimal == 2 * optimal
     batched = _load(tmp_path / "batched", models.add_one(), plugin_config=props, max_batch_size=4)
     assert batched.nireq == optimal
     assert _load(tmp_path / "own", models.add_one(), plugin_config=props, nireq=3).nireq == 3
@@ -95,14 +97,15 @@ def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inli
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch is by measured duration; both paths are forced here (no timing in the test). Inline on one
     thread runs the shapes its shape check vouched for (ONE_THREAD_SYNC_IS_UNSAFE)."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", inline_below)
     # and an estimate of any size may be probed inline: under load the first (asynchronous) run of `add` took
     # past PROBE_BELOW_S, which kept the next two asynchronous too, as it should in a server (seen in CI)
-    monkeypatch.setattr(rt, "PROBE_BELOW_S", inline_below)
+    monkeypatch.setattr(inline_rule, "PROBE_BELOW_S", inline_below)
     model = _load(tmp_path, models.add_one(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
     started = []
-    real_start = rt._Completions.on_done
-    monkeypatch.setattr(rt._Completions, "on_done", lambda self, slot: (started.append(1), real_start(self, slot)))
+    real_start = asynchronous.Completions.on_done
+    monkeypatch.setattr(asynchronous.Completions, "on_done",
+                        lambda self, slot: (started.append(1), real_start(self, slot)))
 
     async def main() -> None:
         for i in range(20):
@@ -113,12 +116,12 @@ def test_inline_and_asynchronous_runs_give_the_same_answers(tmp_path: Path, inli
             np.testing.assert_allclose(out["y"], x + 1, rtol=1e-6)
 
     asyncio.run(main())
-    assert model.cost is not None and model.cost > 0
+    assert model.timing.cost is not None and model.timing.cost > 0
     if inline_below:
         assert len(started) == 1  # only the first run, before any measurement, was asynchronous
     else:
         assert len(started) == 26
-    assert len(model._idle) == 2
+    assert len(model.pool.idle) == 2
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -146,11 +149,12 @@ def test_a_tiny_model_runs_inline_however_slow_the_hand_off_to_openvino_is(
 
     asyncio.run(main(10))
     assert len(started) < 40  # the first ones, before an estimate, ran asynchronously; then it was measured
-    assert model.inline_cost is not None and model.inline_cost < rt.INLINE_BELOW_S  # what it takes: microseconds
+    inline_cost = model.timing.inline_cost
+    assert inline_cost is not None and inline_cost < inline_rule.INLINE_BELOW_S  # what it takes: microseconds
     before = len(started)
     asyncio.run(main(10))
     assert len(started) == before  # inline from then on
-    assert len(model._idle) == 2
+    assert len(model.pool.idle) == 2
 
 
 def test_inline_runs_slowed_by_the_load_around_them_do_not_move_the_inline_rule(tmp_path: Path) -> None:
@@ -160,11 +164,12 @@ def test_inline_runs_slowed_by_the_load_around_them_do_not_move_the_inline_rule(
     model = _load(tmp_path, models.add_one(), nireq=1)
     tiny, slowed = 13e-6, 1e-3
     for seconds in (tiny, slowed, slowed, tiny, slowed):
-        model._measured(seconds, inline=seconds)
-    assert model.inline_cost == tiny and model._runs_inline()
-    model._measured(slowed, inline=slowed)  # four of the last five
-    assert model.inline_cost == slowed
-    assert model.cost is not None and model.cost > rt.INLINE_BELOW_S  # every run counts in the estimate for hints
+        model.timing.measured(seconds, inline=seconds)
+    assert model.timing.inline_cost == tiny and model.timing.runs_inline()
+    model.timing.measured(slowed, inline=slowed)  # four of the last five
+    assert model.timing.inline_cost == slowed
+    cost = model.timing.cost
+    assert cost is not None and cost > inline_rule.INLINE_BELOW_S  # every run counts in the estimate for hints
 
 
 def test_a_model_above_the_line_is_measured_inline_rarely_and_more_rarely_each_time(
@@ -172,7 +177,7 @@ def test_a_model_above_the_line_is_measured_inline_rarely_and_more_rarely_each_t
     """A model whose asynchronous estimate is under PROBE_BELOW_S but whose inline runs are above
     INLINE_BELOW_S runs INLINE_TRUSTED inferences inline to measure it (after a first, cold one that does not
     count), then none for PROBE_FIRST_S, then one, then none for twice that."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", 1e-9)  # every inline run is above it
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", 1e-9)  # every inline run is above it
     model = _load(tmp_path, models.add_one(), nireq=2)
     inline: list[int] = []
     real_inline = OpenVINOModel._run_inline
@@ -187,22 +192,23 @@ def test_a_model_above_the_line_is_measured_inline_rarely_and_more_rarely_each_t
                 np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
 
         asyncio.run(main())
-        return model._probe_at - time.monotonic()
+        return model.timing.probe_at - time.monotonic()
 
     # the first asynchronously (nothing measured), the second inline and cold, then INLINE_TRUSTED measured one
     # after the other, and one more that sets the schedule
     wait = burst()
-    assert len(inline) == 1 + rt.INLINE_TRUSTED + 1
-    assert model.inline_cost is not None and model.inline_cost > rt.INLINE_BELOW_S
-    assert 0.5 * rt.PROBE_FIRST_S < wait <= rt.PROBE_FIRST_S
+    assert len(inline) == 1 + inline_rule.INLINE_TRUSTED + 1
+    assert model.timing.inline_cost is not None and model.timing.inline_cost > inline_rule.INLINE_BELOW_S
+    assert 0.5 * inline_rule.PROBE_FIRST_S < wait <= inline_rule.PROBE_FIRST_S
     n = len(inline)
-    assert burst() == pytest.approx(wait, abs=0.5 * rt.PROBE_FIRST_S) and len(inline) == n  # none meanwhile
-    model._probe_at = 0.0  # as if that time had passed
-    assert 1.5 * rt.PROBE_FIRST_S < burst() <= 2 * rt.PROBE_FIRST_S and len(inline) == n + 1  # then twice as long
-    model._probe_at = 0.0
-    assert 3 * rt.PROBE_FIRST_S < burst() <= 4 * rt.PROBE_FIRST_S and len(inline) == n + 2
-    model.cost = 1.0  # an estimate of a second (what a few fast runs leave above PROBE_BELOW_S): never inline
-    model._probe_at = 0.0
+    assert burst() == pytest.approx(wait, abs=0.5 * inline_rule.PROBE_FIRST_S) and len(inline) == n  # none meanwhile
+    model.timing.probe_at = 0.0  # as if that time had passed
+    first = inline_rule.PROBE_FIRST_S
+    assert 1.5 * first < burst() <= 2 * first and len(inline) == n + 1  # then twice as long
+    model.timing.probe_at = 0.0
+    assert 3 * inline_rule.PROBE_FIRST_S < burst() <= 4 * inline_rule.PROBE_FIRST_S and len(inline) == n + 2
+    model.timing.cost = 1.0  # an estimate of a second (what a few fast runs leave above PROBE_BELOW_S): never inline
+    model.timing.probe_at = 0.0
     burst()
     assert len(inline) == n + 2
 
@@ -218,7 +224,8 @@ def test_an_inference_of_milliseconds_never_blocks_the_loop(tmp_path: Path, hint
     every other one (docs/performance.md "Soak")."""
     slow = _load(tmp_path / "slow", models.matmul(k=512, n=512), plugin_config={**F32, "PERFORMANCE_HINT": hint})
     tiny = _load(tmp_path / "tiny", models.add_one(), nireq=1)
-    slow.cost, tiny.inline_cost = 5e-3, 1e-6  # measured: milliseconds (asynchronously), microseconds (inline)
+    # measured: milliseconds (asynchronously), microseconds (inline)
+    slow.timing.cost, tiny.timing.inline_cost = 5e-3, 1e-6
     done: list[str] = []
 
     async def one(name: str, model: OpenVINOModel, x: np.ndarray) -> None:
@@ -254,9 +261,9 @@ def test_a_cgroup_cpu_quota_caps_openvinos_threads(tmp_path: Path, one_cpu_quota
                                                    caplog: pytest.LogCaptureFixture) -> None:
     """OpenVINO counts the CPUs it sees, not the time it may use: under a 1-CPU quota a
     thread per visible CPU only gets the group throttled (p99 1.5 -> 53 ms measured)."""
-    with caplog.at_level("INFO", logger=rt.__name__):
+    with caplog.at_level("INFO", logger=compiling.__name__):
         model = _load(tmp_path / "m", models.add_one(), plugin_config={**F32, "PERFORMANCE_HINT": hint})
-    compiled = model._compiled
+    compiled = model.pool.compiled
     assert compiled is not None
     assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
     assert int(compiled.get_property("NUM_STREAMS")) == 1
@@ -267,9 +274,9 @@ def test_a_cgroup_cpu_quota_caps_openvinos_threads(tmp_path: Path, one_cpu_quota
 
 def test_threads_chosen_in_plugin_config_win_over_the_quota(tmp_path: Path, one_cpu_quota: Path,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("INFO", logger=rt.__name__):
+    with caplog.at_level("INFO", logger=compiling.__name__):
         model = _load(tmp_path / "m", models.add_one(), plugin_config={**F32, "INFERENCE_NUM_THREADS": 2})
-    assert model._compiled is not None and int(model._compiled.get_property("INFERENCE_NUM_THREADS")) == 2
+    assert model.pool.compiled is not None and int(model.pool.compiled.get_property("INFERENCE_NUM_THREADS")) == 2
     assert "cgroup CPU quota" not in caplog.text
 
 
@@ -278,8 +285,8 @@ def test_without_a_quota_openvino_chooses_its_threads(tmp_path: Path, one_cpu_qu
     # a hint of the user's own: an untuned model gets threads chosen for it (tests/test_untuned.py)
     model = _load(tmp_path / "m", models.add_one(), plugin_config={**F32, "PERFORMANCE_HINT": "LATENCY"})
     plain = ov.Core().compile_model(models.add_one(), "CPU", {**F32, "PERFORMANCE_HINT": "LATENCY"})
-    assert model._compiled is not None
-    assert model._compiled.get_property("INFERENCE_NUM_THREADS") == plain.get_property("INFERENCE_NUM_THREADS")
+    assert model.pool.compiled is not None
+    assert model.pool.compiled.get_property("INFERENCE_NUM_THREADS") == plain.get_property("INFERENCE_NUM_THREADS")
 
 
 def test_read_only_and_strided_inputs_are_copied_not_refused(tmp_path: Path) -> None:
@@ -307,7 +314,7 @@ def test_writable_views_of_a_request_body_run_in_place_at_any_alignment(tmp_path
     vm = np.frombuffer(memoryview(body)[offset + xa.nbytes:], np.float32).reshape(xm.shape)
     assert va.flags.writeable and va.flags.aligned == (offset == 0)
 
-    slot = add._slots[0]
+    slot = add.pool.slots[0]
     add._feed(slot, {"x": va})
     assert np.shares_memory(slot.keep[0], va)  # shared, not copied
     add.release(slot)
@@ -333,7 +340,7 @@ def test_a_cancelled_caller_does_not_lose_the_infer_request(tmp_path: Path) -> N
         np.testing.assert_allclose((await model.infer({"x": x}))["y"], x + 1, rtol=1e-6)
 
     asyncio.run(main())
-    assert len(model._idle) == 1
+    assert len(model.pool.idle) == 1
 
 
 def test_dynamic_batching_joins_concurrent_requests_and_splits_the_answers(tmp_path: Path) -> None:
@@ -425,15 +432,17 @@ def test_on_one_thread_inline_runs_only_what_the_shape_check_vouched_for(
     """ONE_THREAD_SYNC_IS_UNSAFE: shapes the model cannot compute are refused before they run; shapes whose
     outputs depend on input values run asynchronously (OpenVINO fails them there); an inline answer of other
     shapes than the check gave is never handed over."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", 10.0)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", 10.0)
     one = {**F32, "INFERENCE_NUM_THREADS": 1}
     pair = _load(tmp_path / "pair", models.two_in_two_out(), nireq=2, plugin_config=one)
     by_value = _load(tmp_path / "by_value", models.reshape_by_value(), nireq=2, plugin_config=one)
-    pair.inline_cost = by_value.inline_cost = 1e-6  # measured inline: microseconds, inline from the first request on
+    # measured inline: microseconds, inline from the first request on
+    pair.timing.inline_cost = by_value.timing.inline_cost = 1e-6
     assert pair.shape_check is not None and by_value.shape_check is not None
     started: list[object] = []
-    real_start = rt._Completions.on_done
-    monkeypatch.setattr(rt._Completions, "on_done", lambda self, slot: (started.append(slot), real_start(self, slot)))
+    real_start = asynchronous.Completions.on_done
+    monkeypatch.setattr(asynchronous.Completions, "on_done",
+                        lambda self, slot: (started.append(slot), real_start(self, slot)))
 
     async def main() -> None:
         good = _pair_inputs(3, 3, 1)
@@ -459,7 +468,7 @@ def test_on_one_thread_inline_runs_only_what_the_shape_check_vouched_for(
 
     with caplog.at_level("WARNING", logger=rt.log.name):
         asyncio.run(main())
-    assert len(pair._idle) == 2 and len(by_value._idle) == 2
+    assert len(pair.pool.idle) == 2 and len(by_value.pool.idle) == 2
     assert "OpenVINO answered outputs of shapes {'sum': (3, 4), 'prod': (3, 4)}" in caplog.text
 
 
@@ -488,10 +497,10 @@ def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
     completion callback for such an asynchronous inference: the request must still be answered,
     its infer request must come back, and the next request must run (on both runtime paths, on one
     OpenVINO thread, where a synchronous run fails nothing, and on two)."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", inline_below)
     model = _load(tmp_path, models.two_in_two_out(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
     assert (model.shape_check is not None) == (threads == 1)
-    model.inline_cost = 1e-6  # measured inline already: the inline path is taken from the first request on
+    model.timing.inline_cost = 1e-6  # measured inline already: the inline path is taken from the first request on
 
     async def main() -> None:
         for i in range(5):  # more failures than infer requests
@@ -508,15 +517,16 @@ def test_a_failed_inference_answers_its_request_and_frees_its_infer_request(
                 assert isinstance(result, InvalidInput), result
             else:
                 np.testing.assert_allclose(result["sum"], x["a"] + x["b"], rtol=1e-6)
-        await asyncio.sleep(3 * rt.CHECK_MIN_S)
+        await asyncio.sleep(3 * asynchronous.CHECK_MIN_S)
 
     with caplog.at_level("WARNING", logger=rt.log.name):
         asyncio.run(main())
-    assert len(model._idle) == 2 and not model.stalled()
-    assert model._watch is None  # nothing running: no timer left behind
+    assert len(model.pool.idle) == 2 and not model.stalled()
+    assert model.watch.handle is None  # nothing running: no timer left behind
     refusals = [r for r in caplog.records if "cannot compute inputs" in r.getMessage()]
     assert len(refusals) == 5 + 6  # one line per failed request
-    assert (model.cost is not None and model.cost > 1e-6) or inline_below == 0.0  # failures are not measured
+    cost = model.timing.cost
+    assert (cost is not None and cost > 1e-6) or inline_below == 0.0  # failures are not measured
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -526,9 +536,9 @@ def test_an_infer_request_an_inference_failed_on_is_replaced_before_it_serves_ag
     """Whatever OpenVINO leaves in an infer request whose inference failed, no later client draws it: the
     request goes back to the pool as a fresh one of the same compiled model (issue 32). A success keeps its
     infer request; a refusal by the shape check (one thread, inline) never reached OpenVINO and keeps it too."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", inline_below)
     model = _load(tmp_path, models.two_in_two_out(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": threads})
-    model.inline_cost = 1e-6  # measured inline already: the inline path is taken from the first request on
+    model.timing.inline_cost = 1e-6  # measured inline already: the inline path is taken from the first request on
     reached_openvino = not (threads == 1 and inline_below > 0)
 
     async def main() -> None:
@@ -536,25 +546,25 @@ def test_an_infer_request_an_inference_failed_on_is_replaced_before_it_serves_ag
             good = _pair_inputs(2, 2, i)
             out = await asyncio.wait_for(model.infer(good), 10)
             np.testing.assert_allclose(out["sum"], good["a"] + good["b"], rtol=1e-6)
-        before = [slot.request for slot in model._slots]
+        before = [slot.request for slot in model.pool.slots]
         good = _pair_inputs(2, 2, 5)
         await asyncio.wait_for(model.infer(good), 10)
-        assert [slot.request for slot in model._slots] == before  # a success keeps its infer request
+        assert [slot.request for slot in model.pool.slots] == before  # a success keeps its infer request
         with pytest.raises(InvalidInput, match="cannot compute inputs of these shapes"):
             await asyncio.wait_for(model.infer(_pair_inputs(2, 3, 6)), 10)
-        after = [slot.request for slot in model._slots]
+        after = [slot.request for slot in model.pool.slots]
         replaced = [old for old, new in zip(before, after, strict=True) if old is not new]
         assert len(replaced) == (1 if reached_openvino else 0), (before, after)
-        assert not any(slot.failed for slot in model._slots)
+        assert not any(slot.failed for slot in model.pool.slots)
         for i in range(6):  # every infer request, the fresh one among them, serves valid requests right
             good = _pair_inputs(3, 3, 10 + i)
             out = await asyncio.wait_for(model.infer(good), 10)
             np.testing.assert_allclose(out["sum"], good["a"] + good["b"], rtol=1e-6)
             np.testing.assert_allclose(out["prod"], good["a"] * good["b"], rtol=1e-6)
-        await asyncio.sleep(3 * rt.CHECK_MIN_S)
+        await asyncio.sleep(3 * asynchronous.CHECK_MIN_S)
 
     asyncio.run(main())
-    assert len(model._idle) == 2 and model._watch is None
+    assert len(model.pool.idle) == 2 and model.watch.handle is None
 
 
 def test_an_inference_that_fails_after_its_model_was_unloaded_is_answered_and_lets_the_model_go(
@@ -565,21 +575,21 @@ def test_an_inference_that_fails_after_its_model_was_unloaded_is_answered_and_le
     It used to stop at unload: the caller waited for good, and the infer request (whose callback's userdata
     holds it in a cycle the garbage collector cannot see) kept the model, its compiled model and its OpenVINO
     threads alive."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", 0.0)
     model = _load(tmp_path, models.two_in_two_out(), nireq=2, plugin_config={**F32, "INFERENCE_NUM_THREADS": 2})
     assert model.shape_check is None  # the failure is OpenVINO's own, asynchronous
 
     async def main(model: OpenVINOModel) -> None:  # an argument, not a closure's cell: `del model` below
         caller = asyncio.ensure_future(model.infer(_pair_inputs(2, 3, 1)))
         for _ in range(100):  # until the inference has been started on an infer request
-            if any(slot.future is not None for slot in model._slots):
+            if any(slot.future is not None for slot in model.pool.slots):
                 break
             await asyncio.sleep(0)
-        assert any(slot.future is not None for slot in model._slots)
+        assert any(slot.future is not None for slot in model.pool.slots)
         model.unload()
         with pytest.raises(InvalidInput, match=r"cannot compute inputs of these shapes"):
             await asyncio.wait_for(caller, 10)
-        assert model._watch is None  # nothing left running: no timer left behind
+        assert model.watch.handle is None  # nothing left running: no timer left behind
 
     asyncio.run(main(model))
     gone = weakref.ref(model)
@@ -622,7 +632,7 @@ def test_a_batch_that_fails_for_one_member_answers_every_member_on_its_own(
             np.testing.assert_array_equal(result["y"], x)
     assert model.batcher.batches == 1 and model.batcher.requests == 4  # they really were one batch
     assert len([r for r in caplog.records if "cannot compute inputs" in r.getMessage()]) == 1
-    assert len(model._idle) == 1
+    assert len(model.pool.idle) == 1
 
 
 def test_batched_inputs_must_agree_on_the_batch_size(tmp_path: Path) -> None:
@@ -643,8 +653,8 @@ def test_batched_inputs_must_agree_on_the_batch_size(tmp_path: Path) -> None:
 def test_a_model_with_an_inference_running_past_its_stall_limit_is_stalled(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A model that stops making progress must not report ready (the data plane asks ``stalled``)."""
-    monkeypatch.setattr(rt, "STALL_MIN_S", 0.02)
-    monkeypatch.setattr(rt, "CHECK_MAX_S", 0.005)  # looked at often, so the stall is seen (and logged) early
+    monkeypatch.setattr(asynchronous, "STALL_MIN_S", 0.02)
+    monkeypatch.setattr(asynchronous, "CHECK_MAX_S", 0.005)  # looked at often, so the stall is seen (and logged) early
     model = _load(tmp_path, models.matmul(k=2048, n=2048), nireq=1)
     x = _rows(2048, 1, width=2048)
 
@@ -659,8 +669,8 @@ def test_a_model_with_an_inference_running_past_its_stall_limit_is_stalled(
         await task
         return during, said, model.stalled()
 
-    model.cost = None
-    with caplog.at_level("ERROR", logger=rt.log.name):
+    model.timing.cost = None
+    with caplog.at_level("ERROR", logger=asynchronous.log.name):
         during, said, after = asyncio.run(main())
     assert during and said, "a 2048x2048x2048 MatMul finished within ~30 ms: use a larger one"
     assert not after
@@ -674,11 +684,11 @@ def test_after_an_internal_failure_the_model_is_compiled_afresh_so_the_next_clie
     client's. Requests sent meanwhile wait for the fresh compiled model instead of failing."""
     from ovserve.server.errors import InternalError
 
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", inline_below)
-    monkeypatch.setattr(rt, "RECOMPILE_EVERY_S", 0.0)
-    monkeypatch.setattr(rt, "RECOMPILE_EVERY_COMPILES", 0.0)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", inline_below)
+    monkeypatch.setattr(recompiling, "RECOMPILE_EVERY_S", 0.0)
+    monkeypatch.setattr(recompiling, "RECOMPILE_EVERY_COMPILES", 0.0)
     model = _load(tmp_path, models.broadcast_by_value(), nireq=2)
-    model.inline_cost = 1e-6
+    model.timing.inline_cost = 1e-6
     good, huge = np.array([2, 3], np.int64), np.array([1 << 20, 1 << 20], np.int64)
 
     async def main() -> None:
@@ -692,9 +702,9 @@ def test_after_an_internal_failure_the_model_is_compiled_afresh_so_the_next_clie
             for out in outs:
                 np.testing.assert_array_equal(out["y"], np.ones((2, 3), np.float32))
 
-    with caplog.at_level("WARNING", logger=rt.log.name):
+    with caplog.at_level("WARNING", logger=recompiling.log.name):
         asyncio.run(main())
-    assert len(model._idle) == 2 and model._recompiling is None
+    assert len(model.pool.idle) == 2 and model.recompiler.task is None
     assert len([r for r in caplog.records if "compiling the model afresh" in r.getMessage()]) == 3
 
 
@@ -708,9 +718,9 @@ def test_an_internal_failure_recompiles_at_most_once_per_interval(tmp_path: Path
         for _ in range(4):
             with pytest.raises(Exception, match="Failed to allocate"):
                 await model.infer({"k": huge})
-            while model._recompiling is not None:
+            while model.recompiler.task is not None:
                 await asyncio.sleep(0.01)
-            generations.append(model._generation)
+            generations.append(model.pool.generation)
         return generations
 
     assert asyncio.run(main()) == [1, 1, 1, 1]
@@ -721,9 +731,9 @@ def test_the_failure_watch_runs_on_uvloop_with_sub_millisecond_checks(tmp_path: 
     """uvloop's call_at gives a plain Handle (no ``when()``) for a delay under a millisecond; the
     watch once asked it ``when()`` and failed requests with AttributeError under load."""
     uvloop = pytest.importorskip("uvloop")
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)
-    monkeypatch.setattr(rt, "CHECK_MIN_S", 2e-4)
-    monkeypatch.setattr(rt, "CHECK_AFTER_COSTS", 0.0)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", 0.0)
+    monkeypatch.setattr(asynchronous, "CHECK_MIN_S", 2e-4)
+    monkeypatch.setattr(asynchronous, "CHECK_AFTER_COSTS", 0.0)
     model = _load(tmp_path, models.two_in_two_out(), nireq=2)
 
     async def main() -> list:
@@ -734,4 +744,4 @@ def test_the_failure_watch_runs_on_uvloop_with_sub_millisecond_checks(tmp_path: 
 
     results = uvloop.run(main())
     assert [type(r).__name__ for r in results if not isinstance(r, dict)] == ["InvalidInput"] * 20
-    assert len(model._idle) == 2
+    assert len(model.pool.idle) == 2

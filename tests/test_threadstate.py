@@ -23,9 +23,10 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from ovserve.server.runtime import openvino as rt
+from ovserve.server.runtime import inline as inline_rule
 from ovserve.server.runtime import threadstate
-from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
+from ovserve.server.runtime.loading import LoadOptions
+from ovserve.server.runtime.openvino import OpenVINOModel
 
 from . import models
 
@@ -118,7 +119,7 @@ def test_the_runtimes_asynchronous_inferences_make_no_thread_state_each(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the engine itself: inferences awaited on the loop, their completions handed over by
     OpenVINO's callbacks, make a thread state per callback thread, not per inference."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)  # never inline: every inference completes by callback
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", 0.0)  # never inline: every inference completes by callback
     path = tmp_path / "model.xml"
     ov.save_model(models.add_one(), str(path))
     model = OpenVINOModel(path, LoadOptions(plugin_config={"PERFORMANCE_HINT": hint}, nireq=4))
@@ -176,7 +177,7 @@ def test_models_loaded_and_unloaded_again_and_again_leave_nothing_behind(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Unloaded, a model that ran asynchronous inferences is freed with its OpenVINO threads; the thread
     states kept for its callback threads do not pile up either."""
-    monkeypatch.setattr(rt, "INLINE_BELOW_S", 0.0)
+    monkeypatch.setattr(inline_rule, "INLINE_BELOW_S", 0.0)
     path = tmp_path / "model.xml"
     ov.save_model(models.add_one(), str(path))
     x = np.ones((1, 16), np.float32)

@@ -19,7 +19,8 @@ import requests
 from ovserve.server import cpus
 from ovserve.server.runtime import measure
 from ovserve.server.runtime import untuned as ut
-from ovserve.server.runtime.openvino import LoadOptions, OpenVINOModel
+from ovserve.server.runtime.loading import LoadOptions
+from ovserve.server.runtime.openvino import OpenVINOModel
 
 from . import models
 
@@ -141,7 +142,7 @@ def _load(tmp_path: Path, model: ov.Model, **options: object) -> OpenVINOModel:
 
 
 def _compiled(model: OpenVINOModel) -> tuple[str, int, int]:
-    compiled = model._compiled
+    compiled = model.pool.compiled
     assert compiled is not None
     return (str(compiled.get_property("PERFORMANCE_HINT")), int(compiled.get_property("NUM_STREAMS")),
             int(compiled.get_property("INFERENCE_NUM_THREADS")))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from ..errors import InvalidInput
-from ..runtime.openvino import LoadOptions
+from ..runtime.loading import LoadOptions
 from .document import decode_config, load_document, read_config_file
 from .layout import looks_like_one_model
 from .policy import VersionPolicy

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import InvalidInput, NotFound, ServerError, Unavailable
+from ..runtime.loading import find_model_file
 from ..runtime.memory import release_free_memory
-from ..runtime.openvino import OpenVINOModel, find_model_file
+from ..runtime.openvino import OpenVINOModel
 from ..types import PortInfo
 from .config import ModelConfig
 from .layout import layout_hint

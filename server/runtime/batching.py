@@ -33,7 +33,8 @@ from .. import tracing
 from ..errors import InternalError, InvalidInput
 
 if TYPE_CHECKING:
-    from .openvino import OpenVINOModel, _Slot
+    from .openvino import OpenVINOModel
+    from .pool import Slot
 
 #: what every member of one batch shares: (input name, shape past the batch dimension, dtype) per input
 _Key = tuple[tuple[str, tuple[int, ...], str], ...]
@@ -166,7 +167,7 @@ class DynamicBatcher:
         self._queue = keep
         return batch
 
-    async def _run(self, slot: _Slot, batch: list[_Pending]) -> None:
+    async def _run(self, slot: Slot, batch: list[_Pending]) -> None:
         self.batches += 1
         self.requests += len(batch)
         stats = self.model.stats  # each member waited from its arrival until its batch got an infer request

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from ..errors import FailedPrecondition, InvalidInput, Unsupported
-from ..runtime.openvino import find_model_file
+from ..runtime.loading import find_model_file
 
 __all__ = ["ArchiveInfo", "ModelConfig", "read_archive", "MANIFEST", "MODEL_CONFIG"]
 

@@ -48,7 +48,7 @@ from ..repository.config import ModelConfig
 from ..repository.manager import ModelManager, ModelVersion
 from ..repository.policy import VersionPolicy
 from ..repository.states import State
-from ..runtime.openvino import LoadOptions
+from ..runtime.loading import LoadOptions
 from ..runtime.shedding import running_cost
 from ..types import Registration, Scaling
 from ..version import __version__
