@@ -2,13 +2,13 @@
 
 kopf has none built in, and its liveness endpoint serves only its one path, so the operator runs a
 small HTTP server of its own (aiohttp, which kopf depends on) next to it. The text is written by
-``ovserve.common.exposition``, as the server's is.
+``ovserve.server.metrics.exposition``, as the server's is.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ovserve.common.exposition import CONTENT_TYPE, Counter, Family, Histogram, render
+from ovserve.server.metrics.exposition import CONTENT_TYPE, Counter, Family, Histogram, render
 
 #: how one reconcile ended: applied; a spec that cannot be served (PermanentError); the API server
 #: unreachable for now (TemporaryError, retried); refused by the API server; anything else

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from ovserve.common.exposition import Family, render
 from ovserve.server.errors import InvalidInput
 from ovserve.server.metrics import calls as registry
 from ovserve.server.metrics import families
 from ovserve.server.metrics.config import configure
+from ovserve.server.metrics.exposition import Family, render
 from ovserve.server.metrics.families import DEFAULT, OVMS_BOUNDS_US, parse_list
 from ovserve.server.metrics.registry import Metrics
 

@@ -248,4 +248,4 @@ def test_metrics_off_loads_nothing_of_them(repo: Path) -> None:
     assert done.returncode == 0, done.stderr
     off, on = done.stdout.splitlines()
     assert off == str(["ovserve.server.metrics", "ovserve.server.metrics.calls"])
-    assert "ovserve.server.metrics.registry" in on and "ovserve.common.exposition" in on
+    assert "ovserve.server.metrics.registry" in on and "ovserve.server.metrics.exposition" in on

@@ -1,6 +1,6 @@
 """Prometheus metrics, through one place for every transport (docs/operations.md "Metrics").
 
-- ``ovserve.common.exposition``: the text format, written by ovserve (integer bucket bounds, no
+- :mod:`.exposition`: the text format, written by ovserve (integer bucket bounds, no
   ``_total`` added to OVMS's counters; the operator writes its own metrics with it too);
 - :mod:`.families`: OVMS's families exactly, and ovserve's own;
 - :mod:`.calls`: what a request was (api, interface, method), for the transports;

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ovserve.common.exposition import Family, Number
+from .exposition import Family, Number
 
 #: OVMS's bucket bounds (src/model_metric_reporter.cpp): floor(10 * 1.8^i) microseconds, i < 33,
 #: from 10 us to ~24.6 minutes, printed as integers.

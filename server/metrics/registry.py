@@ -20,9 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
-from ovserve.common.exposition import Counter, Family, Histogram, Key, Number, render
-
 from .calls import Call
+from .exposition import Counter, Family, Histogram, Key, Number, render
 from .families import BY_NAME, DEFAULT, SPECS
 
 #: a call's success counter, failure counter and time histogram (None where the family is off)

@@ -15,10 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ovserve.common.exposition import CONTENT_TYPE
-
 from ...metrics import calls
 from ...metrics.calls import Call
+from ...metrics.exposition import CONTENT_TYPE
 from ...metrics.registry import Metrics
 from . import v1, v2
 

@@ -1,5 +1,7 @@
 """Prometheus's text exposition format (0.0.4), written by ovserve itself: the server's metrics
 (``ovserve.server.metrics``) and the operator's (``ovserve.operator.metrics``) both write it here.
+It lives in the ovserve distribution the two share (until 2026-12 it was ``ovserve.common``'s, which
+the client's wheel ships though no client uses it); the operator's one import of the server.
 
 Not ``prometheus_client``: it prints counters with ``_total`` and ``_created`` series and
 bucket bounds as floats (``le="67466.0"``), and OVMS's Grafana dashboard selects
