@@ -101,8 +101,8 @@ def build(names: list[str], tmp: Path, setup: Setup) -> dict[str, Path]:
         repo = tmp / f"repo-{name}"
         repo.mkdir()
         if name == "mobilenet_v2":
-            from ovserve.server.zoo.fetch import FetchError
-            from ovserve.server.zoo.mobilenet_v2 import write_classifier
+            from ovserve.server.tools.zoo.fetch import FetchError
+            from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
             try:
                 models.with_servers_precision(name, write_classifier(repo, name) / "model.xml")

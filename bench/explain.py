@@ -1,6 +1,6 @@
 """``python -m bench.explain``: how much of an explanation lands on the object (issue 38, item 4).
 
-For each photo below, the real MobileNetV2 (``ovserve.server.zoo``) explains its top class, and the
+For each photo below, the real MobileNetV2 (``ovserve.server.tools.zoo``) explains its top class, and the
 tool reports the share of the positive attribution mass inside a box drawn around the object, beside
 the box's share of the image (what a uniform map would score). Methods:
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results file goes")
     args = parser.parse_args(argv)
     started = datetime.now(timezone.utc)
-    from ovserve.server.zoo.mobilenet_v2 import write_classifier
+    from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
     with tempfile.TemporaryDirectory() as tmp:
         version = write_classifier(Path(tmp))

@@ -40,8 +40,8 @@ def repositories(names: list[str], tmp: Path) -> dict[str, Path]:
             models._save(models.add_model() if name == "add" else models.resnetish_model(), repo, name)
             repos[name] = repo
             continue
-        from ovserve.server.zoo.fetch import FetchError
-        from ovserve.server.zoo.mobilenet_v2 import write_classifier
+        from ovserve.server.tools.zoo.fetch import FetchError
+        from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
         try:
             write_classifier(repo, name)

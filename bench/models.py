@@ -5,7 +5,7 @@
 - ``resnetish``: FP32 ``x`` [-1,3,224,224] -> four 3x3 convolutions with ReLU
   (about 1.06 GFLOP at batch 1) -> global average pool -> dense -> ``y``
   [-1,1000]. A compute-bound model of the size of a small image classifier.
-- ``mobilenet_v2``: the real ImageNet classifier from ``ovserve.server.zoo``
+- ``mobilenet_v2``: the real ImageNet classifier from ``ovserve.server.tools.zoo``
   (u8 ``image`` [-1,224,224,3] NHWC BGR -> ``logits`` [-1,1000]), when its
   weights can be had; skipped otherwise.
 - ``small_classifier``: the soak's image model when MobileNetV2 cannot be
@@ -96,8 +96,8 @@ def build_repository(repo: Path, mobilenet: bool = True) -> dict[str, Path]:
     repo = Path(repo)
     paths = {"add": _save(add_model(), repo, "add"), "resnetish": _save(resnetish_model(), repo, "resnetish")}
     if mobilenet:
-        from ovserve.server.zoo.fetch import FetchError
-        from ovserve.server.zoo.mobilenet_v2 import write_classifier
+        from ovserve.server.tools.zoo.fetch import FetchError
+        from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
         try:
             paths["mobilenet_v2"] = write_classifier(repo, "mobilenet_v2") / "model.xml"

@@ -179,7 +179,7 @@ def document(rows: list[Row], command: str, started: datetime, args: argparse.Na
          "127.0.0.1)"),
         *([(f"- {len(rounds)} rounds, each on a fresh server: the table shows medians over the rounds, the targets "
             "the median of each round's paired ratio")] if rounds and len(rounds) > 1 else []),
-        (f"- model: the real MobileNetV2 (ovserve.server.zoo), compiled alike for the server and in process: "
+        (f"- model: the real MobileNetV2 (ovserve.server.tools.zoo), compiled alike for the server and in process: "
          f"{' '.join(f'{k}={v}' for k, v in specs.spec_of(MODEL).plugin_config.items())}"),
         f"- image: {image}",
         "",
@@ -200,8 +200,8 @@ def main(argv: list[str]) -> int:
     command = "python -m bench.photo" + ("" if not argv else " " + shlex.join(argv))
     with tempfile.TemporaryDirectory(prefix="ovserve-bench-photo-") as name:
         tmp = Path(name)
-        from ovserve.server.zoo.fetch import FetchError
-        from ovserve.server.zoo.mobilenet_v2 import write_classifier
+        from ovserve.server.tools.zoo.fetch import FetchError
+        from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
         try:
             model_path = write_classifier(tmp / "repo", MODEL) / "model.xml"

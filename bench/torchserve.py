@@ -295,7 +295,7 @@ def document(rows: list[Row], setup: Setup, command: str, started: datetime, arg
         f"- software: {versions}",
         (f"- command: `{command}` ({args.duration:g} s per case after {args.warmup:g} s of warm-up, closed loop, "
          f"127.0.0.1, gRPC client {args.grpc_client})"),
-        (f"- model: the real MobileNetV2 (ovserve.server.zoo); ovserve compiles it with "
+        (f"- model: the real MobileNetV2 (ovserve.server.tools.zoo); ovserve compiles it with "
          f"{' '.join(f'{k}={v}' for k, v in specs.SPECS[MODEL].plugin_config.items())} (bench/specs.py)"
          + (f"; TorchServe: {setup.tuning}" if setup.tuning else "")),
         f"- image: {setup.image}",
@@ -325,8 +325,8 @@ def main(argv: list[str]) -> int:
     setup = Setup(versions=local_versions())
     with tempfile.TemporaryDirectory(prefix="ovserve-bench-ts-") as name:
         tmp = Path(name)
-        from ovserve.server.zoo.fetch import FetchError
-        from ovserve.server.zoo.mobilenet_v2 import write_classifier
+        from ovserve.server.tools.zoo.fetch import FetchError
+        from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
         try:
             model_dir = write_classifier(tmp / "repo", MODEL)

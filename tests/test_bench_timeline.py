@@ -56,8 +56,8 @@ def test_the_photo_path_is_timed_through_both_transports(tmp_path: Path) -> None
     """``--photo``: each request a JPEG the server decodes and resizes for the real MobileNetV2 classifier (here
     served on the loop gRPC engine, named in the file)."""
     pytest.importorskip("cv2")
-    from ovserve.server.zoo import fetch
-    from ovserve.server.zoo.mobilenet_v2 import default_weights
+    from ovserve.server.tools.zoo import fetch
+    from ovserve.server.tools.zoo.mobilenet_v2 import default_weights
 
     try:
         default_weights()

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import requests
 
-from ovserve.server.zoo import fetch
-from ovserve.server.zoo.mobilenet_v2 import write_classifier
+from ovserve.server.tools.zoo import fetch
+from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
 from .clients import post
 from .inflight import Uploads

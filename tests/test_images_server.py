@@ -579,8 +579,8 @@ def test_a_batch_of_bad_images_stops_at_the_first(unlimited_image_server: Server
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[str], dict[str, bytes]]]:
-    from ovserve.server.zoo import fetch
-    from ovserve.server.zoo.mobilenet_v2 import write_classifier
+    from ovserve.server.tools.zoo import fetch
+    from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
     skdata = pytest.importorskip("skimage.data")
     repo = tmp_path_factory.mktemp("classifier_repo")

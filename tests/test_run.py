@@ -45,7 +45,7 @@ from .s3_store import S3
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``ovserve demo``'s models: add_one/1 and linear/1."""
-    from ovserve.server.demo import write_demo_repository
+    from ovserve.server.tools.demo import write_demo_repository
 
     return write_demo_repository(tmp_path_factory.mktemp("demo"))
 

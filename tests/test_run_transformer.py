@@ -28,8 +28,8 @@ skdata = pytest.importorskip("skimage.data")
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """mobilenet_v2: one model's folder of version folders, as a file:// storageUri wants."""
-    from ovserve.server.zoo import fetch
-    from ovserve.server.zoo.mobilenet_v2 import write_classifier
+    from ovserve.server.tools.zoo import fetch
+    from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
     try:
         return write_classifier(tmp_path_factory.mktemp("zoo")).parent

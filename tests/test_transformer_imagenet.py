@@ -27,8 +27,8 @@ HANDLER = "ovserve.server.components.imagenet:ImageNetTransformer"
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    from ovserve.server.zoo import fetch
-    from ovserve.server.zoo.mobilenet_v2 import write_classifier
+    from ovserve.server.tools.zoo import fetch
+    from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
     repo = tmp_path_factory.mktemp("classifier_repo")
     try:

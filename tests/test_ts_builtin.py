@@ -271,8 +271,8 @@ def test_image_classifier_needs_one_image_input_and_a_model(small: InProcessServ
 # -- image_classifier on the real MobileNetV2 and real photos ----------------------------------------------------
 @pytest.fixture(scope="module")
 def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, list[str]]]:
-    from ovserve.server.zoo import fetch
-    from ovserve.server.zoo.mobilenet_v2 import write_classifier
+    from ovserve.server.tools.zoo import fetch
+    from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
     repo = tmp_path_factory.mktemp("zoo")
     try:

@@ -20,10 +20,10 @@ import pytest
 import requests
 
 from ovserve.server import cpus
-from ovserve.server.demo import LINEAR_B, LINEAR_W, write_demo_repository
 from ovserve.server.runtime import measure
 from ovserve.server.runtime.loading import LoadOptions, core
 from ovserve.server.runtime.openvino import OpenVINOModel
+from ovserve.server.tools.demo import LINEAR_B, LINEAR_W, write_demo_repository
 
 from . import models
 

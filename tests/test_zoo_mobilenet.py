@@ -13,8 +13,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from ovserve.server.zoo import fetch
-from ovserve.server.zoo.mobilenet_v2 import write_classifier
+from ovserve.server.tools.zoo import fetch
+from ovserve.server.tools.zoo.mobilenet_v2 import write_classifier
 
 cv2 = pytest.importorskip("cv2")
 skdata = pytest.importorskip("skimage.data")

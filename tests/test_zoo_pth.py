@@ -19,7 +19,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from ovserve.server.zoo.pth import LEGACY_MAGIC, LEGACY_PROTOCOL, load_state_dict
+from ovserve.server.tools.zoo.pth import LEGACY_MAGIC, LEGACY_PROTOCOL, load_state_dict
 
 STORAGES = {"0": np.arange(12, dtype=np.float32), "1": np.array([7, 8, 9], dtype=np.float32)}
 

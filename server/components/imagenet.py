@@ -64,7 +64,7 @@ def load_labels() -> list[str]:
         if len(names) != 1000:
             raise ValueError(f"{LABELS_ENV}={path} has {len(names)} names, expected 1000")
         return names
-    from ..zoo.fetch import imagenet_labels
+    from ..tools.zoo.fetch import imagenet_labels
 
     return imagenet_labels()
 

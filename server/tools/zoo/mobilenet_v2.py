@@ -176,7 +176,7 @@ def write_classifier(repo: Path, name: str = "mobilenet_v2", weights: Path | Non
     return target
 
 
-if __name__ == "__main__":  # python -m ovserve.server.zoo.mobilenet_v2 REPO [--name NAME] [--weights PTH]
+if __name__ == "__main__":  # python -m ovserve.server.tools.zoo.mobilenet_v2 REPO [--name NAME] [--weights PTH]
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("repo", type=Path)
     cli.add_argument("--name", default="mobilenet_v2")

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidInput
-from .flags import ENV_PREFIX
+from ..errors import InvalidInput
+from ..flags import ENV_PREFIX
 
 #: the commands whose process serves the KServe health endpoints on a REST listener
 SERVING = ("serve", "transformer", "explainer")
@@ -103,7 +103,7 @@ def listener_of(pid: int) -> tuple[str, int, ssl.SSLContext | None]:
     args = serving_args(_argv(pid))
     if args is None:
         raise Unhealthy(f"process {pid} is not an ovserve server ({' '.join(_argv(pid))[:200]})")
-    from . import cli, tls  # the server's own parser and TLS resolution (light: no serving code)
+    from .. import cli, tls  # the server's own parser and TLS resolution (light: no serving code)
 
     # the parser's defaults read OVSERVE_* from os.environ: give it the server's, not this command's
     for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
