@@ -50,8 +50,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         {"name": "retried", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
         {"name": "relayed", "base_path": str(base / "slow"), "nireq": 1, "max_queued_requests": 1},
     ])
+    # a cache of its own: the five models measure their hint side by side, as on a fresh pod (runtime/measure.py,
+    # the first to_dtype: this server deadlocked at load without it)
     proc = ServerProcess(["--config", str(config), "--poll-interval", "0", "--max-queued-requests", "1",
-                          "--metrics-enable", "--grpc-engine", "grpcio", *EXACT])
+                          "--metrics-enable", "--grpc-engine", "grpcio", *EXACT],
+                         env={"OVSERVE_CACHE": str(base / "cache")})
     try:
         yield proc.wait_ready(timeout=180)
     finally:

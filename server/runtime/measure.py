@@ -110,6 +110,11 @@ RULE = "rule"
 
 _enabled = True
 _lock = threading.Lock()  # models load in worker threads side by side: one reader-writer of the file at a time
+# OpenVINO's first Type.to_dtype() in a process, made by several loading threads at once (sample_inputs, on a
+# cache miss), deadlocked the server: five copies of tests/models.py's slow model, each thread stuck in
+# to_dtype or numpy's lazy import of numpy.random, every cold start on two cores (tests/test_shedding.py's server,
+# which measures with a cache of its own). Made once here, on the importing thread, it never did.
+ov.Type.f32.to_dtype()
 #: one measurement at a time: models loading side by side would time each other's inferences
 _measuring = threading.Lock()
 
