@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ovserve.common.reloading import Reloading
 from ovserve.common.types import InferRequest, InferResponse, ModelMetadata
 
 log = logging.getLogger("ovserve")
@@ -90,26 +89,19 @@ class PredictorTls:
         if (cert is None) != (key is None):
             raise TlsFilesError("a client certificate needs its key, and a key its certificate")
         self.ca, self.cert, self.key = (None if p is None else Path(p) for p in (ca, cert, key))
-        self.check_interval = check_interval
-        self._lock = threading.Lock()
-        self._stamp: object = self._stat()
-        self._material = self._load(1)
-        self._checked = time.monotonic()
-        self._failed: object = None
+        try:
+            self._files = Reloading(self.paths, self._load, check_interval=check_interval,
+                                    failed=self._failed, reloaded=self._reloaded)
+        except OSError as exc:
+            raise TlsFilesError(f"cannot read {exc.filename}: {exc.strerror}") from None
 
     @property
     def paths(self) -> list[Path]:
         return [p for p in (self.ca, self.cert, self.key) if p is not None]
 
-    def _stat(self) -> tuple[tuple[int, int, int, int], ...]:
-        out = []
-        for path in self.paths:
-            try:
-                st = os.stat(path)  # follows links: a Secret volume's ..data swap changes what it points to
-            except OSError as exc:
-                raise TlsFilesError(f"cannot read {path}: {exc.strerror}") from None
-            out.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-        return tuple(out)
+    @property
+    def check_interval(self) -> float:
+        return self._files.check_interval
 
     def _read(self) -> tuple[bytes | None, ...]:
         try:
@@ -140,35 +132,14 @@ class PredictorTls:
     def current(self) -> TlsMaterial:
         """The material for a new connection, the files looked at again when :attr:`check_interval` has passed.
         Never raises."""
-        now = time.monotonic()
-        if now - self._checked < self.check_interval:
-            return self._material
-        with self._lock:
-            if now - self._checked < self.check_interval:
-                return self._material
-            self._checked = now
-            try:
-                stamp: object = self._stat()
-            except ValueError as exc:
-                self._failed_once("missing", exc)  # while a file is missing: the previous material
-                return self._material
-            if stamp in (self._stamp, self._failed):
-                return self._material
-            try:
-                material = self._load(self._material.version + 1)
-            except ValueError as exc:
-                self._failed_once(stamp, exc)
-                return self._material
-            self._stamp, self._material, self._failed = stamp, material, None
+        return self._files.current()
+
+    def _failed(self, why: str) -> None:
+        log.warning("predictor TLS: %s; new connections keep the previous certificate", why)
+
+    def _reloaded(self, material: TlsMaterial) -> None:
         log.info("predictor TLS: %s read again (version %d) for new connections",
                  ", ".join(map(str, self.paths)), material.version)
-        return material
-
-    def _failed_once(self, stamp: object, exc: ValueError) -> None:
-        """Log a change that does not load once, not on every call."""
-        if stamp != self._failed:
-            self._failed = stamp
-            log.warning("predictor TLS: %s; new connections keep the previous certificate", exc)
 
 
 class Connection(Protocol):

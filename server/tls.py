@@ -25,14 +25,13 @@ fetcher asks :meth:`ServerTls.refresh` (transports/grpc/listener.py).
 from __future__ import annotations
 
 import logging
-import os
 import ssl
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ovserve.common.reloading import Reloading
 
 from .config import TlsOverride
 from .errors import InvalidInput
@@ -132,16 +131,6 @@ def server_context(files: TlsFiles, protocol: str = "http/1.1") -> ssl.SSLContex
     return ctx
 
 
-def _stamp(files: TlsFiles) -> tuple[tuple[int, int, int, int], ...]:
-    """What changes when a file is replaced or rewritten (symbolic links followed, as kubelet's are)."""
-    paths = [files.cert, files.key, *([files.client_ca] if files.client_ca is not None else [])]
-    out = []
-    for path in paths:
-        st = os.stat(path)
-        out.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-    return tuple(out)
-
-
 def _read(path: Path | None) -> bytes | None:
     return None if path is None else path.read_bytes()
 
@@ -177,63 +166,41 @@ def load(files: TlsFiles, version: int = 1) -> Material:
 
 
 class ServerTls:
-    """The files of one or more listeners, their current material, and its reloading (module doc)."""
+    """The files of one or more listeners, their current material, and its reloading (module doc;
+    ``ovserve.common.reloading``)."""
 
     def __init__(self, files: TlsFiles, check_interval: float = CHECK_INTERVAL) -> None:
         self.files = files
-        self.check_interval = check_interval
-        self._lock = threading.Lock()  # the gRPC fetcher runs on gRPC's threads, REST's callback on the loop
+        paths = [files.cert, files.key, *([files.client_ca] if files.client_ca is not None else [])]
         try:
-            self._stamp = _stamp(files)
-            self._material = load(files)
+            self._files = Reloading(paths, lambda version: load(files, version), check_interval=check_interval,
+                                    failed=self._failed, reloaded=self._reloaded)
         except (OSError, ValueError) as exc:
             detail = f"cannot read {exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
             raise InvalidInput(f"TLS: {detail}") from None
-        self._checked = time.monotonic()
-        self._failed_stamp: object = None
 
     @property
     def material(self) -> Material:
-        return self._material
+        return self._files.value
 
     def refresh(self) -> Material:
-        """The current material, the files looked at again if :attr:`check_interval` has passed. Never raises:
+        """The current material, the files looked at again if the check interval has passed. Never raises:
         a file that cannot be read or loaded leaves the previous material in use (logged once per change)."""
-        now = time.monotonic()
-        if now - self._checked < self.check_interval:
-            return self._material
-        with self._lock:
-            if now - self._checked < self.check_interval:
-                return self._material
-            self._checked = now
-            try:
-                stamp = _stamp(self.files)
-            except OSError as exc:
-                self._failed(exc, f"cannot read {exc.filename}: {exc.strerror}")
-                return self._material
-            if stamp == self._stamp or stamp == self._failed_stamp:
-                return self._material
-            try:
-                material = load(self.files, self._material.version + 1)
-            except ValueError as exc:
-                self._failed(stamp, str(exc))
-                return self._material
-            self._stamp, self._material, self._failed_stamp = stamp, material, None
-        log.info("TLS: reloaded %s (version %d) for new connections", self.files.cert, material.version)
-        return material
+        return self._files.current()
 
-    def _failed(self, stamp: object, why: str) -> None:
-        if stamp != self._failed_stamp:
-            self._failed_stamp = stamp
-            log.warning("TLS: %s changed but does not load (%s): new connections keep the previous certificate",
-                        self.files.cert, why)
+    def _failed(self, why: str) -> None:
+        log.warning("TLS: %s changed but does not load (%s): new connections keep the previous certificate",
+                    self.files.cert, why)
+
+    def _reloaded(self, material: Material) -> None:
+        log.info("TLS: reloaded %s (version %d) for new connections", self.files.cert, material.version)
 
     def ssl_context(self, protocol: str = "http/1.1") -> ssl.SSLContext:
         """A server context for a listening socket that gives each new connection the newest material,
         offering ``protocol`` by ALPN (one of :data:`PROTOCOLS`)."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; one of {', '.join(PROTOCOLS)}")
-        base = self._material.context_for(protocol)
+        base = self.material.context_for(protocol)
 
         def newest(conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, current: ssl.SSLContext) -> None:
             ctx = self.refresh().context_for(protocol)
