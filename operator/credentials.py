@@ -5,7 +5,7 @@ KServe's convention (docs/operator.md, "Models on S3"): the predictor's ServiceA
 ``AWS_SECRET_ACCESS_KEY`` (or the older ``awsSecretAccessKey``) is an S3 credential. Its keys reach the
 init container by reference (``secretKeyRef``: the operator never copies a value into a pod spec), and
 its ``serving.kserve.io/s3-*`` annotations become the variables KServe's storage initializer reads, which
-ovserve's reads too (server/storage_s3.py). The ServiceAccount's own ``s3-*`` annotations (KServe reads
+ovserve's reads too (server/storage/s3.py). The ServiceAccount's own ``s3-*`` annotations (KServe reads
 them beside ``eks.amazonaws.com/role-arn``, IAM roles for service accounts) come first; a Secret's win.
 
 A Secret holding ``gcloud-application-credentials.json`` (and no S3 key) is a GCS service account's key, mounted

@@ -216,7 +216,7 @@ def wheel(wheels: dict[str, Path]) -> Path:
 def test_wheel_from_the_context_has_both_programs(wheels: dict[str, Path]) -> None:
     wheel = wheels["ovserve"]
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("ovserve/server/cli.py", "ovserve/server/storage.py", "ovserve/server/app.py",
+    for module in ("ovserve/server/cli.py", "ovserve/server/storage/__init__.py", "ovserve/server/app.py",
                    "ovserve/operator/main.py", "ovserve/operator/rbac.yaml"):
         assert module in names, module
     # every Python package in the source tree is in its wheel (a package missing from a pyproject's list is not):

@@ -16,9 +16,9 @@ from typing import ClassVar
 
 import pytest
 
-from ovserve.server import storage_gcs
 from ovserve.server.archives import Limits
 from ovserve.server.storage import StorageError, initialize
+from ovserve.server.storage import gcs as storage_gcs
 
 from . import gcs_store
 from .gcs_store import BUCKET, GCS

@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .archives import (
+from ..archives import (
     CHUNK,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
@@ -47,8 +47,8 @@ from .archives import (
     is_archive,
     unpack,
 )
+from ..version import __version__
 from .object_store import ObjectStoreError
-from .version import __version__
 
 if sys.platform != "win32":  # Windows has no advisory locks, so no sweeping either
     import fcntl
@@ -261,7 +261,7 @@ def _bucket_source(src: str, sha256: str | None, store: _Bucket, parse: Callable
 def _s3_source(src: str, sha256: str | None) -> Fetch:
     if importlib.util.find_spec("boto3") is None:
         raise StorageError(f"{src}: s3:// needs boto3: pip install 'ovserve[s3]' (the server image has it)")
-    from . import storage_s3 as s3
+    from . import s3
 
     return _bucket_source(src, sha256, _Bucket(
         "s3", s3.client, s3.listing, s3.download, lambda obj: obj.key,
@@ -273,7 +273,7 @@ def _gcs_source(src: str, sha256: str | None) -> Fetch:
     if importlib.util.find_spec("google.cloud.storage") is None:
         raise StorageError(f"{src}: gs:// needs google-cloud-storage: pip install 'ovserve[gcs]' "
                            "(the server image has it)")
-    from . import storage_gcs as gcs
+    from . import gcs
 
     return _bucket_source(src, sha256, _Bucket(
         "gs", gcs.client, gcs.listing, gcs.download, lambda obj: obj.name, gcs.is_library_error, gcs.describe,
@@ -285,7 +285,7 @@ def _gcs_source(src: str, sha256: str | None) -> Fetch:
 def _hf_source(src: str, sha256: str | None) -> Fetch:
     if importlib.util.find_spec("huggingface_hub") is None:
         raise StorageError(f"{src}: hf:// needs huggingface_hub: pip install 'ovserve[hf]' (the server image has it)")
-    from . import storage_hf as hf
+    from . import hf
 
     if sha256 is not None or "#" in src:
         raise StorageError(f"{src}: is a repository of files; --sha256 checks one file")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .archives import Limits
+from ..archives import Limits
 from .object_store import ObjectStoreError, Tally, file_digest, no_clashes, one_object_fits, relative
 
 #: where KServe's operator puts the endpoint (host[:port], no scheme) and whether to use https ("0": no)

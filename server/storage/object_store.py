@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from .archives import CHUNK, ArchiveError, Limits
+from ..archives import CHUNK, ArchiveError, Limits
 
 
 class ObjectStoreError(Exception):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .archives import CHUNK, Limits
+from ..archives import CHUNK, Limits
 from .object_store import ObjectStoreError, Tally, file_digest, no_clashes, relative
 
 CONCURRENCY = 4

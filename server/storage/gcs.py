@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .archives import CHUNK, Limits
+from ..archives import CHUNK, Limits
 from .object_store import ObjectStoreError, Tally, file_digest, no_clashes, one_object_fits, relative
 
 #: the one scope the storage initializer needs
