@@ -342,6 +342,17 @@ def _pods(c: Cluster) -> list[dict[str, Any]]:
     return items
 
 
+def _until_gone(c: Cluster, before: set[str], within: float = 120) -> None:
+    """Until none of the pods named ``before`` is left, their drains included."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        now = {p["metadata"]["name"] for p in _pods(c)}
+        if not now & before:
+            return
+        time.sleep(1)
+    raise AssertionError(f"old pods are still there: {now & before}\n{c.state()}")
+
+
 def test_a_rolling_update_under_steady_traffic_loses_no_request(linear: Cluster) -> None:
     c = linear
     before = {p["metadata"]["name"] for p in _pods(c)}
@@ -353,14 +364,7 @@ def test_a_rolling_update_under_steady_traffic_loses_no_request(linear: Cluster)
         # a changed argument: a new ReplicaSet, the old pod terminated once the new one is Ready
         c.apply([_isvc(store_ip, ["--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}', "--nireq", "2"])])
         c.kubectl("-n", NS, "rollout", "status", "deployment/linear-predictor", "--timeout=300s", timeout=320)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the old pod is gone, its drain included
-            now = {p["metadata"]["name"] for p in _pods(c)}
-            if not now & before:
-                break
-            time.sleep(1)
-        else:
-            raise AssertionError(f"the old predictor pod is still there: {now & before}\n{c.state()}")
+        _until_gone(c, before)
         rolled = time.monotonic() - started
         time.sleep(3)
     finally:
@@ -524,14 +528,7 @@ def test_a_rolling_update_of_every_component_under_steady_traffic_loses_no_reque
         c.apply([isvc])
         for component in ("predictor", "transformer", "explainer"):
             c.kubectl("-n", NS, "rollout", "status", f"deployment/linear-{component}", "--timeout=300s", timeout=320)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the old pods are gone, their drains included
-            now = {p["metadata"]["name"] for p in _pods(c)}
-            if not now & before:
-                break
-            time.sleep(1)
-        else:
-            raise AssertionError(f"old pods are still there: {now & before}\n{c.state()}")
+        _until_gone(c, before)
         rolled = time.monotonic() - started
         time.sleep(3)
     finally:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import struct
 
+import hyperframe.frame
+
 #: the client connection preface (RFC 9113 §3.4)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # frame types (RFC 9113 §6) and flags
@@ -38,6 +40,19 @@ def split(data: bytes) -> tuple[list[Frame], bytes]:
         frames.append((data[pos + 3], data[pos + 4], stream, data[pos + 9:pos + 9 + n]))
         pos += 9 + n
     return frames, data[pos:]
+
+
+def parsed(data: bytes) -> tuple[list[hyperframe.frame.Frame], int]:
+    """The whole frames at the start of ``data`` as hyperframe parses them, and how many bytes they took."""
+    out, at = [], 0
+    while at + 9 <= len(data):
+        parsed_frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[at:at + 9]))
+        if at + 9 + length > len(data):
+            break
+        parsed_frame.parse_body(memoryview(data[at + 9:at + 9 + length]))
+        out.append(parsed_frame)
+        at += 9 + length
+    return out, at
 
 
 def grpc_message(body: bytes) -> bytes:

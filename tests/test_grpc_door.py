@@ -64,7 +64,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import models
 from .client_proxies import Certs, make_certs, needs_openssl
-from .h2frames import PREFACE, grpc_message
+from .h2frames import PREFACE, grpc_message, parsed
 from .servers import ServerProcess
 from .tls_tools import tls_flags, wait_https
 
@@ -225,7 +225,7 @@ class Attacker:
     def frames(self, seconds: float = 3.0, until: Callable[[Frame], bool] | None = None) -> list[Frame]:
         """What the server sent, read for up to ``seconds``, until it closes the connection or sends a frame
         ``until`` is true of."""
-        data, out, at, checked = b"", [], 0, 0
+        data, out, checked = b"", [], 0
         deadline = time.monotonic() + seconds
         self.sock.settimeout(0.2)
         while time.monotonic() < deadline:
@@ -240,13 +240,9 @@ class Attacker:
                 self.closed_by_server = True
                 break
             data += chunk
-            while at + 9 <= len(data):
-                frame, length = Frame.parse_frame_header(memoryview(data[at:at + 9]))
-                if at + 9 + length > len(data):
-                    break
-                frame.parse_body(memoryview(data[at + 9:at + 9 + length]))
-                out.append(frame)
-                at += 9 + length
+            frames, used = parsed(data)
+            data = data[used:]
+            out += frames
             if until is not None and any(until(f) for f in out[checked:]):
                 break
             checked = len(out)
@@ -653,22 +649,10 @@ def _finished(attacker: Attacker, stream: int) -> list[Frame]:
             data += attacker.sock.recv(1 << 16)
         except TimeoutError:
             continue
-        frames = _parse(data)
+        frames, _ = parsed(data)
         if _trailers(frames, stream):
             return frames
     raise AssertionError(f"stream {stream} unanswered")
-
-
-def _parse(data: bytes) -> list[Frame]:
-    out, at = [], 0
-    while at + 9 <= len(data):
-        frame, length = Frame.parse_frame_header(memoryview(data[at:at + 9]))
-        if at + 9 + length > len(data):
-            break
-        frame.parse_body(memoryview(data[at + 9:at + 9 + length]))
-        out.append(frame)
-        at += 9 + length
-    return out
 
 
 # Each protocol error on a fresh connection: every frame the server sent, and how many of them came before the
