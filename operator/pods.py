@@ -26,6 +26,12 @@ DRAIN_DELAY_S = 5
 #: 25 s --grace-period for the requests in flight, and a margin before the kubelet's SIGKILL.
 TERMINATION_GRACE_S = 40
 DRAIN_ENV = "OVSERVE_DRAIN_DELAY"
+#: Seconds a gRPC connection to an ovserve container in the operator's pods lives before its client is told to
+#: open another (``OVSERVE_GRPC_MAX_CONNECTION_AGE``, the server's --grpc-max-connection-age): a drain waits for
+#: its connections to go so, and a client's long-lived channel moves to another pod with no call lost; it also
+#: spreads long-lived channels over the replicas a Service has (issue 35). Within the grace period below.
+GRPC_MAX_CONNECTION_AGE_S = 10
+AGE_ENV = "OVSERVE_GRPC_MAX_CONNECTION_AGE"
 MODELS_VOLUME = "ovserve-models"
 PVC_VOLUME = "ovserve-model-pvc"
 HOST_VOLUME = "ovserve-model-source"
@@ -254,12 +260,14 @@ def traced(container: dict[str, Any], spec: InferenceServiceSpec, component: str
 
 def draining(pod: dict[str, Any]) -> dict[str, Any]:
     """``pod`` as a Deployment runs it in a cluster: its main container serves on for DRAIN_DELAY_S after SIGTERM
-    (unless its env says otherwise), within a grace period that covers the delay and the drain (unless the
-    component sets one). ``ovserve run`` leaves this out: no load balancer needs the time there."""
+    and ages its gRPC connections out (GRPC_MAX_CONNECTION_AGE_S) before it stops (unless its env says
+    otherwise), within a grace period that covers the delay and the drain (unless the component sets one).
+    ``ovserve run`` leaves this out: no load balancer needs the time there."""
     main = pod["containers"][0]
     env = main["env"] = main.get("env") or []  # "env": null is an empty list to the API server
-    if not any(var.get("name") == DRAIN_ENV for var in env):
-        env.append({"name": DRAIN_ENV, "value": str(DRAIN_DELAY_S)})
+    for name, value in ((DRAIN_ENV, DRAIN_DELAY_S), (AGE_ENV, GRPC_MAX_CONNECTION_AGE_S)):
+        if not any(var.get("name") == name for var in env):
+            env.append({"name": name, "value": str(value)})
     if pod.get("terminationGracePeriodSeconds") is None:  # unset or null: the delay and the drain's
         pod["terminationGracePeriodSeconds"] = TERMINATION_GRACE_S
     return pod

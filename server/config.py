@@ -88,6 +88,10 @@ class ProcessSettings:
     #: Seconds the server keeps serving as usual after SIGTERM before it drains (0: none): the time load
     #: balancers (kube-proxy, an ingress) take to stop sending requests to a terminating pod.
     drain_delay: float = 0.0
+    #: Seconds a gRPC connection lives before grpcio tells its client to open another (a graceful GOAWAY:
+    #: the calls on it end as usual; 0: for ever). A drain waits until every connection has gone so, and a
+    #: client on a long-lived channel moves to another pod without a call cut (grpcio only).
+    grpc_max_connection_age: float = 0.0
     #: Bearer tokens (one per line) every call but health needs (None = no authentication; server/gate/auth.py).
     auth_token_file: str | None = None
     #: Bearer tokens of the management APIs (repository, TorchServe management); None = the inference tokens.

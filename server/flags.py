@@ -158,6 +158,11 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
         "seconds to keep serving as usual after SIGTERM before draining, while load balancers stop sending "
         "requests here (the operator's pods: 5); a second SIGTERM or SIGINT ends the wait",
         aliases=names("--drain-delay"))
+    add(ops, "--grpc-max-connection-age", float, defaults.grpc_max_connection_age,
+        "seconds a gRPC connection lives before its client is told (a graceful GOAWAY) to open another, its "
+        "calls ending as usual; after SIGTERM the drain waits for every connection to go so, and clients on "
+        "long-lived channels move without a call cut (the operator's pods: 10; 0: for ever; grpcio only)",
+        aliases=names("--grpc-max-connection-age"))
     add(ops, "--log-level", str, defaults.log_level, "debug, info, warning or error", aliases=names("--log-level"),
         choices=LOG_LEVELS)
     add(ops, "--event-loop", str, defaults.event_loop, "event loop: uvloop or asyncio", aliases=names("--event-loop"),

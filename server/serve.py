@@ -84,17 +84,20 @@ def build(settings: Settings) -> Server:
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:  # --grpc-port off: REST only
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dataplane)],
-                                       settings.max_request_bytes, settings.grpc_engine, gate), settings.grpc_port))
+                                       settings.max_request_bytes, settings.grpc_engine, gate,
+                                       settings.grpc_max_connection_age), settings.grpc_port))
     # TorchServe's two gRPC APIs, each on a listener of its own (as TorchServe serves them)
     if settings.ts_inference_port is not None:
         listeners.append((GrpcListener("ts-inference", "TorchServe gRPC inference",
                                        [ts_inference.service(dataplane, dataplane.handlers)],
-                                       settings.max_request_bytes, settings.grpc_engine, gate),
+                                       settings.max_request_bytes, settings.grpc_engine, gate,
+                                       settings.grpc_max_connection_age),
                           settings.ts_inference_port))
     if settings.ts_management_port is not None:
         listeners.append((GrpcListener("ts-management", "TorchServe gRPC management",
                                        [ts_management.service(dataplane.handlers)], settings.max_request_bytes,
-                                       settings.grpc_engine, gate), settings.ts_management_port))
+                                       settings.grpc_engine, gate, settings.grpc_max_connection_age),
+                          settings.ts_management_port))
     if dataplane.metrics is not None:
         monitoring.add_listeners(listeners, dataplane, settings)
     by_name = tls.for_settings(settings, [listener.name for listener, _ in listeners])

@@ -925,6 +925,36 @@ def test_after_sigterm_the_drain_delay_serves_new_connections_and_calls_as_usual
     channel.close()
 
 
+def test_an_aged_grpc_connection_moves_its_client_without_a_call_lost(tmp_path: Path, start_server) -> None:
+    """``--grpc-max-connection-age`` (OVSERVE_GRPC_MAX_CONNECTION_AGE, which the operator's pods set): grpcio tells
+    a client to open a new connection once one has lived that long (a graceful GOAWAY), and a long-lived channel
+    calling without a pause moves from connection to connection with no call failed. After SIGTERM the drain
+    waits for the connections to go so before gRPC's core stops: stopping it with a call on its way ended that
+    call CANCELLED, which no retry policy retries (issue 35)."""
+    import psutil
+
+    put_version(models.add_one(), tmp_path / "repo" / "add", 1)
+    server = start_server("--model-repository", tmp_path / "repo", "--poll-interval", "0", *EXACT,
+                          env={"OVSERVE_GRPC_MAX_CONNECTION_AGE": "0.5"})
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    channel = tgrpc.InferenceServerClient(server.grpc_target)
+    me = psutil.Process()
+    connections: set[int] = set()  # the channel's own ends, one per connection it had
+    calls, end = 0, time.monotonic() + 4
+    while time.monotonic() < end:
+        np.testing.assert_array_equal(grpc_infer(channel, "add", x), x + 1)
+        calls += 1
+        connections |= {c.laddr.port for c in me.connections("tcp")
+                        if c.raddr and c.raddr.port == server.grpc_port and c.status == psutil.CONN_ESTABLISHED}
+    assert len(connections) >= 3, (connections, calls)  # 4 s of calls over connections of 0.45-0.55 s
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == 0
+    assert "connection(s) still open after" not in server.log  # the idle channel's connection aged out
+    assert time.monotonic() - started < 25 and "Traceback" not in server.log
+    channel.close()
+
+
 # -- gRPC health and reflection ---------------------------------------------------------
 
 

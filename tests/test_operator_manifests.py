@@ -51,6 +51,8 @@ CHILDREN = {
 }
 POD = "spec.template.spec"
 SERVER = f"{POD}.containers[0]"
+#: what every Deployment's main container gets last (operator/pods.py draining): the drain delay, the gRPC age
+DRAIN = [{"name": "OVSERVE_DRAIN_DELAY", "value": "5"}, {"name": "OVSERVE_GRPC_MAX_CONNECTION_AGE", "value": "10"}]
 # (example, (kind, name), path, expected)
 FACTS = [
     ("predictor", (D, "resnet-predictor"), f"{SERVER}.command", ["ovserve"]),
@@ -88,11 +90,11 @@ FACTS = [
      [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]),
     ("transformer", (D, "classifier-predictor"), f"{SERVER}.args",
      ["serve", "--model-name", "classifier", "--model-path", "/mnt/models", "--nireq", "2"]),
-    # the user's env, then the drain delay the operator's pods get (issue 35)
+    # the user's env, then the drain delay and the gRPC connections' age the operator's pods get (issue 35)
     ("transformer", (D, "classifier-predictor"), f"{SERVER}.env",
-     [{"name": "OVSERVE_LOG_LEVEL", "value": "debug"}, {"name": "OVSERVE_DRAIN_DELAY", "value": "5"}]),
+     [{"name": "OVSERVE_LOG_LEVEL", "value": "debug"}, *DRAIN]),
     ("transformer", (D, "classifier-predictor"), f"{POD}.terminationGracePeriodSeconds", 40),
-    ("transformer", (D, "classifier-transformer"), f"{SERVER}.env", [{"name": "OVSERVE_DRAIN_DELAY", "value": "5"}]),
+    ("transformer", (D, "classifier-transformer"), f"{SERVER}.env", DRAIN),
     ("transformer", (D, "classifier-transformer"), f"{POD}.terminationGracePeriodSeconds", 40),
     ("transformer", (D, "classifier-predictor"), f"{SERVER}.resources.limits", {"cpu": "2", "memory": "2Gi"}),
     ("transformer", (S, "classifier"), "spec.selector",
@@ -311,7 +313,7 @@ def test_null_env_and_grace_period_are_unset_fields() -> None:
     isvc["spec"]["predictor"]["containers"][0]["env"] = None
     isvc["spec"]["predictor"]["terminationGracePeriodSeconds"] = None
     pod = build_doc(isvc)[(D, "custom-predictor")]["spec"]["template"]["spec"]
-    assert {"name": "OVSERVE_DRAIN_DELAY", "value": "5"} in pod["containers"][0]["env"]
+    assert all(var in pod["containers"][0]["env"] for var in DRAIN)
     assert isinstance(pod["terminationGracePeriodSeconds"], int) and pod["terminationGracePeriodSeconds"] > 5
 
 

@@ -22,8 +22,8 @@ CLIENT_CA_ENV = {"name": "OVSERVE_TLS_CLIENT_CA", "value": "/etc/ovserve/tls/ca.
 PREDICTOR_CA_ENV = {"name": "OVSERVE_PREDICTOR_CA", "value": "/etc/ovserve/tls/ca.crt"}
 PREDICTOR_CERT_ENV = [{"name": "OVSERVE_PREDICTOR_CERT", "value": "/etc/ovserve/tls/tls.crt"},
                       {"name": "OVSERVE_PREDICTOR_KEY", "value": "/etc/ovserve/tls/tls.key"}]
-#: what every Deployment's main container gets last (operator/pods.py draining)
-DRAIN_ENV = {"name": "OVSERVE_DRAIN_DELAY", "value": "5"}
+#: what every Deployment's main container gets last (operator/pods.py draining): the drain delay, the gRPC age
+DRAIN = [{"name": "OVSERVE_DRAIN_DELAY", "value": "5"}, {"name": "OVSERVE_GRPC_MAX_CONNECTION_AGE", "value": "10"}]
 
 
 def annotated(stem: str, mutual: bool | None = None, secret: str = SECRET) -> dict:
@@ -57,7 +57,7 @@ def test_tls_predictor_mounts_the_secret_serves_https_and_marks_its_ports() -> N
     server = main_container(deployment)
     assert VOLUME in deployment["spec"]["template"]["spec"]["volumes"]
     assert server["volumeMounts"][-1] == MOUNT
-    assert server["env"] == [*SERVER_ENV, DRAIN_ENV]
+    assert server["env"] == [*SERVER_ENV, *DRAIN]
     for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"),
                         ("startupProbe", "/v2/health/ready")):
         assert server[probe]["httpGet"] == {"path": path, "port": "http", "scheme": "HTTPS"}
@@ -75,13 +75,13 @@ def test_tls_torchserve_port_is_marked_h2_too() -> None:
 def test_tls_transformer_verifies_its_predictor_with_the_secrets_ca() -> None:
     kids = children(annotated("transformer"))
     transformer = main_container(kids[("Deployment", "classifier-transformer")])
-    assert transformer["env"] == [*SERVER_ENV, PREDICTOR_CA_ENV, DRAIN_ENV]
+    assert transformer["env"] == [*SERVER_ENV, PREDICTOR_CA_ENV, *DRAIN]
     assert transformer["volumeMounts"] == [MOUNT]
     assert VOLUME in kids[("Deployment", "classifier-transformer")]["spec"]["template"]["spec"]["volumes"]
     assert "readinessProbe" not in transformer  # a user's container keeps its own probes (none here)
     # the predictor keeps its own variables after the operator's
     predictor = main_container(kids[("Deployment", "classifier-predictor")])
-    assert predictor["env"] == [*SERVER_ENV, {"name": "OVSERVE_LOG_LEVEL", "value": "debug"}, DRAIN_ENV]
+    assert predictor["env"] == [*SERVER_ENV, {"name": "OVSERVE_LOG_LEVEL", "value": "debug"}, *DRAIN]
     assert kids[("Service", "classifier")]["spec"]["ports"] == [
         {"name": "http", "protocol": "TCP", "port": 443, "targetPort": 8080, "appProtocol": "https"}]
 
@@ -89,7 +89,7 @@ def test_tls_transformer_verifies_its_predictor_with_the_secrets_ca() -> None:
 def test_mutual_tls_demands_client_certificates_and_probes_from_inside_the_pod() -> None:
     kids = children(annotated("transformer", mutual=True))
     transformer = main_container(kids[("Deployment", "classifier-transformer")])
-    assert transformer["env"] == [*SERVER_ENV, CLIENT_CA_ENV, PREDICTOR_CA_ENV, *PREDICTOR_CERT_ENV, DRAIN_ENV]
+    assert transformer["env"] == [*SERVER_ENV, CLIENT_CA_ENV, PREDICTOR_CA_ENV, *PREDICTOR_CERT_ENV, *DRAIN]
     predictor = main_container(kids[("Deployment", "classifier-predictor")])
     assert predictor["env"][:3] == [*SERVER_ENV, CLIENT_CA_ENV]
     for name, path, period, failures in (("readinessProbe", "/v2/health/ready", 5, 3),
@@ -114,7 +114,7 @@ def test_a_variable_the_spec_sets_wins() -> None:
     isvc = annotated("predictor")
     isvc["spec"]["predictor"]["model"]["env"] = [{"name": "OVSERVE_TLS_CERT", "value": "/elsewhere/cert.pem"}]
     server = main_container(children(isvc)[("Deployment", "resnet-predictor")])
-    assert server["env"] == [SERVER_ENV[1], {"name": "OVSERVE_TLS_CERT", "value": "/elsewhere/cert.pem"}, DRAIN_ENV]
+    assert server["env"] == [SERVER_ENV[1], {"name": "OVSERVE_TLS_CERT", "value": "/elsewhere/cert.pem"}, *DRAIN]
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)

@@ -67,7 +67,8 @@ def build(ns: argparse.Namespace, plane: Callable[[ProcessSettings, str], tuple[
     listeners: list[tuple[Listener, int]] = [(rest, settings.rest_port)]
     if settings.grpc_port is not None:
         listeners.append((GrpcListener("grpc", "KServe V2 gRPC", [kserve_grpc.service(dp)], settings.max_request_bytes,
-                                       settings.grpc_engine, gate), settings.grpc_port))
+                                       settings.grpc_engine, gate, settings.grpc_max_connection_age),
+                          settings.grpc_port))
     log.info("%s", line)
     return Server(dp, listeners, settings.host, settings.grace_period,
                   tls.for_settings(settings, [listener.name for listener, _ in listeners]),

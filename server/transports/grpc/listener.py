@@ -63,6 +63,9 @@ FLUSH_PAUSE = 1.0
 #: At shutdown, grpcio serves new calls as usual for at most this long while it waits for the calls in flight to
 #: end; past it, it refuses new ones until they have (listener.stop).
 GOAWAY_WITHIN = 5.0
+#: MAX_CONNECTION_AGE is jittered by gRPC's core (+-10%); a drain waits that long and this much more for the
+#: connections to go (their GOAWAY's PING answered), at most half the grace
+AGE_JITTER, AGE_MARGIN = 1.1, 1.0
 #: CPUs per I/O thread of the native engine, and its own default number of them (the most it gets)
 CPUS_PER_NATIVE_IO_THREAD = 4
 NATIVE_IO_THREADS_MAX = 2
@@ -78,8 +81,9 @@ MAX_CONCURRENT_STREAMS = 1024
 MAX_METADATA_BYTES = 16 << 10
 
 
-def grpcio_limits(max_message_bytes: int) -> list[tuple[str, Any]]:
-    """The channel arguments a grpc.aio server (and, where they apply, the other engines) is built with."""
+def grpcio_limits(max_message_bytes: int, max_connection_age: float = 0.0) -> list[tuple[str, Any]]:
+    """The channel arguments a grpc.aio server (and, where they apply, the other engines) is built with;
+    ``max_connection_age`` seconds (0: none): gRPC's MAX_CONNECTION_AGE, the core's graceful GOAWAY."""
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", -1),
@@ -88,7 +92,27 @@ def grpcio_limits(max_message_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.http.overload_protection", 1),
         ("grpc.max_metadata_size", MAX_METADATA_BYTES),
         ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+        *([("grpc.max_connection_age_ms", round(max_connection_age * 1000))] if max_connection_age > 0 else []),
     ]
+
+
+def established(port: int) -> int | None:
+    """How many TCP connections to local ``port`` are established (this network namespace's, from
+    /proc/net/tcp and tcp6); None where they cannot be read."""
+    count, read = 0, False
+    suffix = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[1].endswith(suffix) and fields[3] == "01":  # 01: ESTABLISHED
+                count += 1
+    return count if read else None
 
 
 def native_io_threads(cpus: int) -> int:
@@ -208,13 +232,15 @@ class GrpcListener:
     (:func:`native_io_threads`); every listener (model server, transformer, explainer) reads the same budget."""
 
     def __init__(self, name: str, description: str, services: list[Service], max_message_bytes: int,
-                 engine: str = "auto", gate: Gate = OPEN_GATE) -> None:
+                 engine: str = "auto", gate: Gate = OPEN_GATE, max_connection_age: float = 0.0) -> None:
         if engine not in GRPC_ENGINE_CHOICES:  # refused before anything binds
             raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
         if engine == "native" and not _native_importable():
             make_server(engine, [])  # says how to install it
         self.name, self.description, self.asked = name, description, engine
         self.services, self.gate, self.max_message_bytes = services, gate, max_message_bytes
+        self.max_connection_age = max_connection_age
+        self.port = 0  # bound, once bind has run
         self.io_threads = native_io_threads(cpu_budget().usable)
         #: the engine serving, and why (set at bind)
         self.engine, self.reason = "", ""
@@ -226,7 +252,8 @@ class GrpcListener:
 
     def _build(self, engine: str) -> None:
         self.engine = engine
-        self.server = make_server(engine, grpcio_limits(self.max_message_bytes), self.io_threads, self.door)
+        self.server = make_server(engine, grpcio_limits(self.max_message_bytes, self.max_connection_age),
+                                  self.io_threads, self.door)
         for service in self.services:
             service.servicer.in_flight = self.in_flight  # one drain for every service on this port
             service.servicer.gate, service.servicer.listener = self.gate, self.name  # tokens and access log
@@ -265,6 +292,7 @@ class GrpcListener:
             bound = 0
         if bound == 0:
             raise OSError(f"cannot bind gRPC to {address}")
+        self.port = bound
         return bound
 
     async def start(self) -> None:
@@ -293,6 +321,8 @@ class GrpcListener:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace
             await self.health.enter_graceful_shutdown()
+            if self.max_connection_age > 0:
+                await self._aged_out(min(self.max_connection_age * AGE_JITTER + AGE_MARGIN, grace / 2))
             if not await self.in_flight.wait_idle(min(GOAWAY_WITHIN, grace / 2)):
                 self.in_flight.closing = True
             await self._drain(max(0.0, deadline - loop.time()))
@@ -302,6 +332,21 @@ class GrpcListener:
         await self.health.enter_graceful_shutdown()
         grace = await self._drain(grace)
         await self.server.stop(grace)
+
+    async def _aged_out(self, within: float) -> None:
+        """Serve as usual until every connection has been told to go by its age (the core's graceful GOAWAY:
+        a call a client sends meanwhile is served, or refused REFUSED_STREAM, which clients retry), or for
+        ``within`` seconds. Stopping gRPC's core itself sends a GOAWAY that ends CANCELLED every call it has
+        not handed to the server yet, which no retry policy retries: a call sent in the moment before its
+        client read that GOAWAY was lost (issue 35). With no connection left there is none to lose."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within
+        left = established(self.port)
+        while left and loop.time() < end:
+            await asyncio.sleep(0.1)
+            left = established(self.port)
+        if left:
+            log.info("%s: %d connection(s) still open after %gs of age-outs; closing them", self.name, left, within)
 
     async def _drain(self, grace: float) -> float:
         """Every engine closes a connection once its calls have ended after the stop, which can cut a reply
