@@ -53,3 +53,30 @@ def test_torchserve_predictions_are_counted(start_server, tmp_path: Path) -> Non
     assert m['ovserve_handler_seconds_count{name="add",version="1"}'] == 2 + 1 + 3
     assert m['ovserve_handler_seconds_sum{name="add",version="1"}'] > 0
     assert m['ovms_inference_time_us_count{name="add",version="1"}'] == 2 + 3
+
+
+def test_set_default_moves_the_count_of_unversioned_predictions(start_server, tmp_path: Path) -> None:
+    """SetDefault (TorchServe's management API) chooses the version a call naming none goes to; its metrics
+    follow at once: the registry tells the metrics (``on_default``) to resolve "" afresh."""
+    for version in (1, 2):
+        models.save(models.add_one(), tmp_path / "repo", "add", version)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_config_list": [{"config": {
+        "name": "add", "base_path": str(tmp_path / "repo" / "add"), "model_version_policy": {"all": {}}}}]}))
+    server = start_server("--config", config, "--poll-interval", "0", "--metrics-enable",
+                          "--ts-inference-port", "0", "--ts-management-port", "0")
+
+    def counted(version: str) -> float:
+        key = f'{{api="TorchServe",interface="gRPC",method="Predictions",name="add",version="{version}"}}'
+        return scrape(server.url + "/metrics")["ovms_requests_success" + key]
+
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-inference']}") as inference, \
+            grpc.insecure_channel(f"127.0.0.1:{server.ports['ts-management']}") as management:
+        predict = ts.inference_pb2_grpc.InferenceAPIsServiceStub(inference).Predictions
+        manage = ts.management_pb2_grpc.ManagementAPIsServiceStub(management)
+        predict(ts.inference_pb2.PredictionsRequest(model_name="add", input={"data": BODY}), timeout=60)
+        assert (counted("1"), counted("2")) == (0, 1)  # the latest, by default
+        manage.SetDefault(ts.management_pb2.SetDefaultRequest(model_name="add", model_version="1"), timeout=10)
+        for _ in range(2):
+            predict(ts.inference_pb2.PredictionsRequest(model_name="add", input={"data": BODY}), timeout=60)
+        assert (counted("1"), counted("2")) == (2, 1)
