@@ -20,7 +20,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import tarfile
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from ovserve.server.torchserve.store import SLOT_PREFIX, ModelStore, parse_allow
 
 from . import models
 from .mar import build_mar
+from .storage_tools import tar_of, tree
 
 #: TorchServe's own default allow-list (config.properties allowed_urls): every file, http and https URL
 TORCHSERVE_DEFAULT = ("file://.*|http(s)?://.*",)
@@ -72,20 +72,6 @@ def _mar(root: Path, ir: Path, name: str = "adder", fmt: str = "default") -> Pat
 
 def _slots(work: Path) -> list[str]:
     return sorted(p.name for p in work.iterdir()) if work.exists() else []
-
-
-def _files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def tar_gz(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as t:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def zip_of(files: dict[str, bytes]) -> bytes:
@@ -193,7 +179,7 @@ def test_a_mar_in_the_store_is_unpacked_into_a_fresh_folder_for_each_registratio
     assert first.name == "adder" and second.name == "adder2"
     for folder in (first, second):
         assert folder.parent.parent == work.resolve() and folder.parent.name.startswith(SLOT_PREFIX)
-        assert sorted(_files(folder)) == ["MAR-INF/MANIFEST.json", "model.bin", "model.xml"]
+        assert sorted(tree(folder)) == ["MAR-INF/MANIFEST.json", "model.bin", "model.xml"]
         assert (folder / "model.bin").read_bytes() == ir.with_suffix(".bin").read_bytes()
     # one registration's files are its own
     (first / "model.bin").write_bytes(b"changed")
@@ -211,7 +197,7 @@ def test_every_archiver_format_gives_the_same_model_folder(root: Path, work: Pat
     folder = ModelStore(root, (), work).fetch(archive.name, None)
 
     # tgz wraps everything in adder/: the lone folder is the model (as TorchServe takes it)
-    assert sorted(_files(folder)) == ["MAR-INF/MANIFEST.json", "model.bin", "model.xml"]
+    assert sorted(tree(folder)) == ["MAR-INF/MANIFEST.json", "model.bin", "model.xml"]
     info = read_archive(folder)
     assert (info.name, info.version, info.model_file) == ("adder", "1.0", folder / "model.xml")
 
@@ -227,18 +213,18 @@ def test_an_ovms_folder_and_its_archives(root: Path, work: Path) -> None:
     for name, data in OVMS_MODEL.items():
         (root / "resnet" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "resnet" / name).write_bytes(data)
-    (root / "resnet.tar.gz").write_bytes(tar_gz({f"resnet/{k}": v for k, v in OVMS_MODEL.items()}))
+    (root / "resnet.tar.gz").write_bytes(tar_of({f"resnet/{k}": v for k, v in OVMS_MODEL.items()}))
     (root / "flat.zip").write_bytes(zip_of(OVMS_MODEL))
     (root / "model.onnx").write_bytes(b"onnx bytes")
     store = ModelStore(root, (), work)
 
-    assert _files(store.fetch("resnet", None)) == OVMS_MODEL
+    assert tree(store.fetch("resnet", None)) == OVMS_MODEL
     wrapped = store.fetch("resnet.tar.gz", None)  # the lone resnet/ folder is the model
-    assert (wrapped.name, _files(wrapped)) == ("resnet", OVMS_MODEL)
+    assert (wrapped.name, tree(wrapped)) == ("resnet", OVMS_MODEL)
     flat = store.fetch("flat.zip", None)  # a version folder at the top is not unwrapped
-    assert (flat.name, _files(flat)) == ("flat", OVMS_MODEL)
+    assert (flat.name, tree(flat)) == ("flat", OVMS_MODEL)
     single = store.fetch("model.onnx", "onnxmodel")
-    assert (single.name, _files(single)) == ("onnxmodel", {"model.onnx": b"onnx bytes"})
+    assert (single.name, tree(single)) == ("onnxmodel", {"model.onnx": b"onnx bytes"})
 
 
 def test_names_that_are_not_there_or_not_names(root: Path, work: Path) -> None:
@@ -331,7 +317,7 @@ def test_links_inside_the_store_are_followed(root: Path, work: Path) -> None:
     store = ModelStore(root, (), work)
 
     copied = store.fetch("alias", None)
-    assert _files(copied) == {"1/model.xml": b"<net/>"}
+    assert tree(copied) == {"1/model.xml": b"<net/>"}
     assert not (copied / "1" / "model.xml").is_symlink()  # a copy, not a link back into the store
     with pytest.raises(InvalidInput, match="loop"):
         store.fetch("loop", None)
@@ -356,8 +342,8 @@ def allowed(tmp_path: Path, outside: Path) -> Path:
 
 def test_a_file_url_the_allow_list_names(root: Path, work: Path, allowed: Path) -> None:
     store = ModelStore(root, (f"file://{allowed}/.*",), work)
-    assert _files(store.fetch(f"file://{allowed}/m", None)) == {"1/model.xml": b"<net/>"}
-    assert _files(store.fetch(f"FILE://{allowed}/m.zip", None)) == OVMS_MODEL  # TorchServe: any case
+    assert tree(store.fetch(f"file://{allowed}/m", None)) == {"1/model.xml": b"<net/>"}
+    assert tree(store.fetch(f"FILE://{allowed}/m.zip", None)) == OVMS_MODEL  # TorchServe: any case
 
 
 def test_a_file_url_the_allow_list_does_not_name(root: Path, work: Path, allowed: Path, outside: Path) -> None:
@@ -404,7 +390,7 @@ def test_cve_2024_35198_no_link_leads_out_of_an_allowed_folder(
         store.fetch(f"file://{allowed}/inner", None)
     # a link to another place the allow-list names is fine
     (allowed / "alias").symlink_to(allowed / "m", target_is_directory=True)
-    assert _files(store.fetch(f"file://{allowed}/alias", None)) == {"1/model.xml": b"<net/>"}
+    assert tree(store.fetch(f"file://{allowed}/alias", None)) == {"1/model.xml": b"<net/>"}
 
 
 # -- the allow-list -----------------------------------------------------------------------------------
@@ -480,10 +466,10 @@ def test_an_entry_that_names_a_private_host_lets_it_be_reached(
 
 @pytest.mark.integration
 def test_an_archive_of_a_folder_over_http(site: Site, work: Path) -> None:
-    (site.folder / "resnet.tar.gz").write_bytes(tar_gz({f"resnet/{k}": v for k, v in OVMS_MODEL.items()}))
+    (site.folder / "resnet.tar.gz").write_bytes(tar_of({f"resnet/{k}": v for k, v in OVMS_MODEL.items()}))
     store = ModelStore(None, (rf"http://127\.0\.0\.1:{site.port}/.*",), work)
     folder = store.fetch(f"{site.base}/resnet.tar.gz?token=abc", None)
-    assert (folder.name, _files(folder)) == ("resnet", OVMS_MODEL)
+    assert (folder.name, tree(folder)) == ("resnet", OVMS_MODEL)
 
 
 @pytest.mark.integration
