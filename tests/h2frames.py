@@ -29,6 +29,14 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return struct.pack(">BHBBI", n >> 16, n & 0xFFFF, kind, flags, stream) + payload
 
 
+def data_frames(stream: int, payload: bytes, end_stream: bool = True, size: int = 16384) -> bytes:
+    """``payload`` as DATA frames of at most ``size`` bytes (HTTP/2's default largest frame), the last with
+    END_STREAM when ``end_stream``."""
+    cuts = range(0, max(len(payload), 1), size)
+    return b"".join(frame(0x0, 0x1 if end_stream and at + size >= len(payload) else 0, stream, payload[at:at + size])
+                    for at in cuts)
+
+
 def split(data: bytes) -> tuple[list[Frame], bytes]:
     """The whole frames at the start of ``data``, and the bytes after them (a frame not yet whole)."""
     frames, pos = [], 0

@@ -325,7 +325,7 @@ def test_a_rapid_reset_flood_is_refused_and_other_clients_are_served(server: Ser
     assert len(served) < 1000, "the flood's cancelled calls were served"
 
 
-@pytest.mark.parametrize("engine", engines(loop=PING_FLOOD, native=PING_FLOOD), indirect=True)
+@pytest.mark.parametrize("engine", engines(native=PING_FLOOD), indirect=True)
 def test_a_ping_flood_from_a_peer_that_never_reads_is_sent_away(server: ServerProcess) -> None:
     ping = PingFrame(0)
     ping.opaque_data = b"ovserve!"
@@ -352,7 +352,7 @@ def test_a_ping_flood_from_a_peer_that_never_reads_is_sent_away(server: ServerPr
     assert goaways[0].error_code == ENHANCE_YOUR_CALM and b"too_many_pings" in goaways[0].additional_data
 
 
-@pytest.mark.parametrize("engine", engines(loop=SETTINGS_FLOOD), indirect=True)
+@pytest.mark.parametrize("engine", engines(), indirect=True)
 def test_a_settings_flood_from_a_peer_that_never_reads_is_bounded(server: ServerProcess) -> None:
     thousand = SettingsFrame(0).serialize() * 1000
     sent = [0]
@@ -939,7 +939,7 @@ def test_over_tls_a_call_with_too_much_metadata_is_refused_at_once(tls_server: t
         assert time.monotonic() - started < 2.0
 
 
-@pytest.mark.parametrize("engine", engines("grpcio", "loop", loop=TLS_PROCESSED), indirect=True)
+@pytest.mark.parametrize("engine", engines("grpcio", "loop"), indirect=True)
 @needs_openssl
 def test_over_tls_raw_frames_past_the_metadata_limit_are_answered(tls_server: tuple[ServerProcess, Certs]) -> None:
     """The same with raw frames over TLS (ALPN h2), the 20 KiB value not Huffman-coded and so split across a

@@ -38,6 +38,7 @@ from .h2frames import (
     SETTINGS,
     WINDOW_UPDATE,
     Frame,
+    data_frames,
     frame,
     grpc_message,
     split,
@@ -185,29 +186,35 @@ def test_a_client_with_a_1000_byte_window_gets_a_256_kb_reply_whole(loop_server:
         conn.close()
 
 
-def test_streams_beyond_the_limit_are_refused_and_the_rest_answered(loop_server: ServerProcess) -> None:
-    """1030 requests opened at once on one connection (the server allows 1024 streams): each either
-    answers or is refused with REFUSED_STREAM, which a gRPC client retries; the connection stays up."""
+@pytest.mark.parametrize("streams", [1024, 1030])
+def test_streams_up_to_the_limit_are_answered_and_one_past_it_breaks_the_connection(loop_server: ServerProcess,
+                                                                                    streams: int) -> None:
+    """The server tells a client it may open 1024 streams at once: 1024 requests opened at once on one connection
+    are all answered; a client that opens more has broken its word, and its connection ends with GOAWAY
+    PROTOCOL_ERROR (h2's rule; RFC 9113 §5.1.2 and §5.4.1). The server serves on."""
     conn = RawConnection(loop_server)
     try:
         block, body = request_headers(), add_request(1)
-        conn.send(b"".join(frame(HEADERS, END_HEADERS, sid, block) for sid in range(1, 2061, 2)))
-        conn.send(b"".join(frame(DATA, END_STREAM, sid, body) for sid in range(1, 2061, 2)))
-        ok, refused = set(), set()
+        conn.send(b"".join(frame(HEADERS, END_HEADERS, 2 * i + 1, block) for i in range(streams)))
+        conn.send(b"".join(frame(DATA, END_STREAM, 2 * i + 1, body) for i in range(streams)))
+        ok, goaways = set(), []
         for kind, flags, sid, payload in conn.frames(time.monotonic() + TIMEOUT * 3):
-            if kind == RST_STREAM and struct.unpack(">I", payload)[0] == 7:
-                refused.add(sid)
-            elif kind == HEADERS and flags & END_STREAM:
+            if kind == GOAWAY:
+                goaways.append(struct.unpack(">II", payload[:8])[1])
+                break
+            if kind == HEADERS and flags & END_STREAM:
                 assert dict(conn.decoder.decode(payload)).get("grpc-status") == "0"
                 ok.add(sid)
             elif kind == HEADERS:
                 conn.decoder.decode(payload)
             elif kind == DATA:
                 conn.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", len(payload)))) if payload else None
-            if len(ok) + len(refused) == 1030:
+            if len(ok) == streams:
                 break
-        assert len(ok) + len(refused) == 1030 and not ok & refused
-        assert len(ok) >= 1024 - 1 and refused, (len(ok), len(refused))
+        if streams <= 1024:
+            assert len(ok) == streams and not goaways, (len(ok), goaways)
+        else:
+            assert goaways == [PROTOCOL_ERROR], (len(ok), goaways)
     finally:
         conn.close()
     assert_serving(loop_server)
@@ -274,8 +281,7 @@ def test_a_deadline_shorter_than_the_call_ends_it_deadline_exceeded(tmp_path: Pa
             (":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
             (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "50m")])
         started = time.monotonic()
-        conn.send(frame(HEADERS, END_HEADERS, 1, headers)
-                  + frame(DATA, END_STREAM, 1, grpc_message(body)))
+        conn.send(frame(HEADERS, END_HEADERS, 1, headers) + data_frames(1, grpc_message(body)))
         status = message = None
         for kind, flags, sid, payload in conn.frames(time.monotonic() + TIMEOUT):
             if kind == HEADERS and sid == 1 and flags & END_STREAM:

@@ -50,6 +50,18 @@ class Transport(asyncio.Transport):
     def close(self) -> None:
         pass
 
+    def abort(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
 
 def replies_in(data: bytes) -> list[int]:
     """The streams whose trailers (HEADERS with END_STREAM) are in ``data``."""

@@ -1,30 +1,30 @@
-"""The ``loop`` gRPC engine: HTTP/2 read and written by the event loop itself.
+"""The ``loop`` gRPC engine: gRPC served by the event loop itself, over the ``h2`` package's HTTP/2.
 
 The native engine (pygrpc-native) reads its sockets on a Rust I/O thread and hands each call to a
 Python dispatch thread, which hands it to the loop; the reply goes back the same way. With both
 cores busy with inference, each hand-off waits for a CPU (docs/performance.md, "A gRPC engine on
-the loop"). Here, as uvicorn does for REST, an :class:`asyncio.Protocol` per connection parses the
-frames where they arrive and runs the call's handler as a task on the same loop.
+the loop"). Here, as uvicorn does for REST, an :class:`asyncio.Protocol` per connection feeds what
+arrives to an ``h2`` connection (the HTTP/2 state machine hypercorn and httpx use: frames, HPACK, stream
+states, flow control, protocol errors) and runs each call's handler as a task on the same loop. This
+module adds gRPC on top, and what h2 leaves to its user at a server's front door (issue 33): the request
+fields checked per stream with h2's rules, budgets for resets, SETTINGS and PINGs, reading paused while a
+peer does not read, and header blocks and frames refused from their size before they are buffered.
 
 What it serves: the surface of ``grpc.aio.Server`` that ovserve's listener uses (generic and
 registered method handlers, an insecure port, start, stop with a grace period), every method
 shape (unary and streaming requests and responses; a response-streaming handler may yield or call
 ``context.write``), invocation and trailing metadata (``-bin`` keys base64), ``grpc-timeout``
 deadlines (DEADLINE_EXCEEDED), client cancellation (RST_STREAM cancels the handler's task), gzip
-and deflate compressed requests, the receive limit (RESOURCE_EXHAUSTED naming both sizes), flow
-control both ways (a stream's window is given back as its messages are consumed) and write
-back-pressure, GOAWAY at stop, and TLS (an ``ssl.SSLContext`` offering ``h2`` by ALPN, the
-listener's reloading one, server/tls.py) with the client's certificate in the auth context.
-
-HTTP/2 (RFC 9113) is kept to what gRPC uses: no server push, no priorities (PRIORITY frames are
-read and ignored), HPACK decoded with the ``hpack`` package and encoded without the dynamic table
-(literals without indexing, built once for the fixed fields). A connection error is a GOAWAY with
-its code, then the connection is closed; a stream error is a RST_STREAM.
+and deflate compressed requests, the receive limit (RESOURCE_EXHAUSTED naming both sizes, from a
+message's length prefix), flow control both ways (a stream's window is given back as its messages are
+consumed) and write back-pressure, GOAWAY at stop, and TLS (an ``ssl.SSLContext`` offering ``h2`` by ALPN,
+the listener's reloading one, server/tls.py) with the client's certificate in the auth context.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import socket
 import ssl
@@ -36,51 +36,65 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import h2.utilities
 import hpack
 import hpack.exceptions
-
-from .headers import malformed
+from h2.exceptions import DenialOfServiceError, FrameTooLargeError
+from h2.frame_buffer import FrameBuffer
+from hyperframe.frame import Frame, GoAwayFrame
 
 log = logging.getLogger("ovserve")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-# frame types
-DATA, HEADERS, PRIORITY_FRAME, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-# flags
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY = 0x4, 0x8, 0x20
-# settings
-HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = \
-    range(1, 7)
-# error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
-FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 6, 7, 8, 9
+# frame types read before h2 parses a frame (_Frames)
+HEADERS, SETTINGS, CONTINUATION = 0x1, 0x4, 0x9
+# error codes (RFC 9113 §7)
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x0, 0x1, 0x2, 0x7, 0xB
 
-MAX_WINDOW = 2**31 - 1
-DEFAULT_WINDOW, DEFAULT_FRAME = 65535, 16384
-#: what this server offers: a stream takes a 150 KB image in one round trip, and whole requests in
-#: one frame (fewer frames to parse); the connection's window is given back as data arrives
+DEFAULT_WINDOW = 65535
+#: what this server offers: a stream takes a 150 KB image in one round trip; the connection's window is given
+#: back as data is consumed
 STREAM_WINDOW = 16 << 20
 CONNECTION_WINDOW = 1 << 30
-LOCAL_MAX_FRAME = (1 << 24) - 1
-#: streams open at once on one connection (grpcio sets no limit; a client past it is refused the stream)
+#: the largest frame a peer may send: a 4 MiB tensor in four frames (not the protocol's 16 MiB, item 4)
+LOCAL_MAX_FRAME = 1 << 20
+#: streams open at once on one connection (grpcio sets no limit): a client past what it was told breaks its
+#: connection (GOAWAY PROTOCOL_ERROR, h2's TooManyStreamsError; RFC 9113 §5.1.2 and §5.4.1)
 MAX_STREAMS = 1024
-#: the most header bytes (HPACK-decoded, RFC 9113 sizes) a request may send: grpcio's hard limit
-MAX_HEADER_LIST = 16 << 10
-#: bytes queued past which they are sent at once (see _Connection.write)
-FLUSH_AT = 64 << 10
-#: header blocks a connection remembers, and the longest remembered (see _Connection._decode): a block of
-#: references is tens of bytes
+#: header blocks a connection remembers, and the longest remembered (see _Decoder): a block of references is
+#: tens of bytes
 MAX_BLOCKS, MAX_BLOCK = 32, 1024
+#: the most header bytes (RFC 9113 §6.5.2's measure) a request's fields may hold, as grpcio: past it the call
+#: is refused RESOURCE_EXHAUSTED
+MAX_HEADER_LIST = 16 << 10
+#: past these (decoded, and as encoded before decoding) the header block breaks the connection
+MAX_DECODED_HEADERS, MAX_HEADER_BLOCK = 64 << 10, 64 << 10
+#: a connection whose peer resets (or makes this server reset) more streams than this in RESETS_S is sent
+#: away (items 1: rapid reset; MadeYouReset)
+MAX_RESETS, RESETS_S = 1000, 10.0
+#: SETTINGS frames a peer may send in SETTINGS_S
+MAX_SETTINGS, SETTINGS_S = 100, 10.0
+#: PINGs closer than this, with nothing sent in between, are strikes; past MAX_PING_STRIKES the peer is sent away
+PING_INTERVAL_S, MAX_PING_STRIKES = 1.0, 2
+#: bytes a connection may have waiting in its transport before this server stops reading from it
+WRITE_HIGH = 1 << 20
+#: how long a peer may read nothing while bytes wait for it, before its connection is closed
+STALL_S = 20.0
+#: how long a closed connection's last bytes (a GOAWAY, TLS's close_notify) may wait for a peer to read them
+CLOSE_S = 2.0
+#: bytes queued past which they are sent at once (see _Connection.send_data)
+FLUSH_AT = 64 << 10
 #: the longest a whole reply is held for the others its read started (see _Connection.data_received)
 HOLD_S = 0.001
+#: the longest method name quoted in an error
+QUOTED_PATH = 256
 
-_FRAME = struct.Struct(">BHBBI")
 _PREFIX = struct.Struct(">BI")
-_U32 = struct.Struct(">I")
-_SETTING = struct.Struct(">HI")
-#: the pseudo-headers a request may carry, each at most once and before every regular field (RFC 9113 §8.3)
-_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 #: request headers that are HTTP/2 or gRPC's own, not the call's metadata (as grpcio leaves them out)
 _NOT_METADATA = frozenset({b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                            b"grpc-message-type", b"grpc-previous-rpc-attempts"})
@@ -88,59 +102,13 @@ _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-
 #: grpc-message is percent-encoded outside printable ASCII (and '%' itself)
 _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
 
-
-def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """Why a request with these header fields is malformed (RFC 9113 §8.2-8.3), or None: a pseudo-header other
-    than a request's, twice, or after a regular field; a ``te`` other than ``trailers``; and what
-    :func:`.headers.malformed` refuses on grpcio (invalid names, connection-specific fields, control characters
-    or white space at either end of a value). Issue 33, item 5: grpcio's core and ovserve's interceptor refuse
-    these there; this engine sees every field, pseudo-headers too."""
-    seen: set[bytes] = set()
-    regular: list[tuple[str, str]] = []
-    for name, value in headers:
-        if name[:1] == b":":
-            if regular:
-                return f"pseudo-header {name[:64]!r} after a regular field"
-            if name not in _REQUEST_PSEUDO or name in seen:
-                return f"pseudo-header {name[:64]!r} unknown or repeated"
-            seen.add(name)
-        elif name == b"te" and value != b"trailers":
-            return "te other than trailers"
-        else:
-            regular.append((name.decode("latin-1"), value.decode("latin-1")))
-    return malformed(regular)
-
-
-def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return _FRAME.pack(n >> 16, n & 0xFFFF, kind, flags, sid) + payload
-
-
-def _hpack_length(n: int, prefix_bits: int = 7) -> bytes:
-    """HPACK's integer with a ``prefix_bits`` prefix (RFC 7541 5.1), Huffman flag clear."""
-    limit = (1 << prefix_bits) - 1
-    if n < limit:
-        return bytes([n])
-    out = [limit]
-    n -= limit
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """One header as an HPACK literal without indexing, with a new name: no dynamic table is touched."""
-    return b"\x00" + _hpack_length(len(name)) + name + _hpack_length(len(value)) + value
-
-
-#: ":status 200" (static table 8) and content-type application/grpc (a literal, name from static 31)
-RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_length(16) + b"application/grpc"
-
-
+RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 #: each status's grpc-status field
-_STATUS = {code: literal(b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+_STATUS = {code: (b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+
+
+def cut(text: str) -> str:
+    return text if len(text) <= QUOTED_PATH else f"{text[:QUOTED_PATH]}...({len(text)} characters)"
 
 
 def percent_encode(message: str) -> bytes:
@@ -165,10 +133,10 @@ def _metadata_value(key: str, value: Any) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-def _metadata_block(metadata: Iterable[tuple[str, Any]]) -> bytes:
+def _metadata_fields(metadata: Iterable[tuple[str, Any]]) -> list[tuple[bytes, bytes]]:
     if not metadata:  # most calls (an empty list or tuple)
-        return b""
-    return b"".join(literal(k.lower().encode(), _metadata_value(k.lower(), v)) for k, v in metadata)
+        return []
+    return [(k.lower().encode(), _metadata_value(k.lower(), v)) for k, v in metadata]
 
 
 class _Aborted(grpc.aio.AbortError):
@@ -181,12 +149,6 @@ class _Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code, self.message = code, message
-
-
-class _ConnectionError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Context:
@@ -310,9 +272,6 @@ class _Call:
         self.reset = False  # RST_STREAM received, or the connection is gone
         self.finished = False  # trailers sent
         self.headers_sent = False
-        self.window = conn.peer_initial_window  # what we may still send on it
-        self.unacked = 0  # bytes received and not yet given back to the stream's window
-        self.consumed = 0  # of them, bytes whose messages the handler has taken
         self.task: asyncio.Task[None] | None = None
         self.deadline_at: float | None = None
         self.deadline: asyncio.TimerHandle | None = None
@@ -513,8 +472,7 @@ class _Call:
     def send_headers(self) -> None:
         if not self.headers_sent:
             self.headers_sent = True
-            block = RESPONSE_HEADERS + _metadata_block(self.context._initial)
-            self.conn.write(frame(HEADERS, END_HEADERS, self.sid, block))
+            self.conn.send_headers(self.sid, [*RESPONSE_HEADERS, *_metadata_fields(self.context._initial)])
 
     async def send_message(self, body: bytes) -> None:
         if self.finished or self.reset:
@@ -529,17 +487,16 @@ class _Call:
         if self.finished or self.reset:
             return
         self.finished = True
-        parts = [] if self.headers_sent else [RESPONSE_HEADERS]
+        fields = [] if self.headers_sent else [*RESPONSE_HEADERS]
         self.headers_sent = True
-        parts.append(_STATUS[code])
+        fields.append(_STATUS[code])
         if details:
-            parts.append(literal(b"grpc-message", percent_encode(details)))
-        parts.append(_metadata_block(trailing))
-        out = frame(HEADERS, END_HEADERS | END_STREAM, self.sid, b"".join(parts))
-        if not self.remote_done:  # answered before the request ended: the client may stop sending
-            out += frame(RST_STREAM, 0, self.sid, _U32.pack(NO_ERROR))
+            fields.append((b"grpc-message", percent_encode(details)))
+        fields += _metadata_fields(trailing)
         conn = self.conn
-        conn.write(out)
+        conn.send_headers(self.sid, fields, end_stream=True)
+        if not self.remote_done:  # answered before the request ended: the client may stop sending
+            conn.reset(self.sid, NO_ERROR)
         if not self.batch or self.batch != conn.held:
             conn.flush()  # the reply is whole: sent now, not a turn of the loop later
         elif conn.held_since is None:  # it goes with the others its read started (_Connection.data_received)
@@ -556,41 +513,146 @@ class _Call:
             self.conn.forget(self)
 
 
+class _Frames(FrameBuffer):
+    """h2's frame buffer, with refusals made from a frame's 9-byte header, before its payload is buffered or
+    decoded (issue 33, item 4): a frame past the size this server advertised, and a header block (a HEADERS
+    frame and its CONTINUATIONs) past ``MAX_HEADER_BLOCK`` bytes as encoded; and, which h2 does not check, a
+    first frame other than SETTINGS (RFC 9113 §3.4)."""
+
+    def __init__(self) -> None:
+        super().__init__(server=True)
+        self.settings_seen = False
+
+    def __next__(self) -> Frame:
+        data = self._data
+        if len(data) >= 9:
+            if not self.settings_seen:
+                if data[3] != SETTINGS:
+                    raise h2.exceptions.ProtocolError("the first frame must be SETTINGS")
+                self.settings_seen = True
+            length = (data[0] << 16) | (data[1] << 8) | data[2]
+            if length > self.max_frame_size:
+                raise FrameTooLargeError(f"a frame of {length} bytes, past the {self.max_frame_size} advertised")
+            if data[3] == HEADERS or data[3] == CONTINUATION:
+                block = length + sum(len(f.data) for f in self._headers_buffer)
+                if block > MAX_HEADER_BLOCK:
+                    raise DenialOfServiceError(f"a header block of {block}+ bytes, past {MAX_HEADER_BLOCK}")
+        return super().__next__()
+
+
+class _CompressionError(h2.exceptions.ProtocolError):
+    """A header block HPACK cannot decode: a connection error of type COMPRESSION_ERROR (RFC 9113 §4.3; h2 says
+    PROTOCOL_ERROR)."""
+
+    error_code = h2.errors.ErrorCodes.COMPRESSION_ERROR
+
+
+class _Decoder(hpack.Decoder):
+    """HPACK's decoder as h2 uses it, remembering blocks that leave its table as it was.
+
+    A client's calls after its first send the same block, each field a reference into the HPACK tables
+    (grpcio: path, content-type, user agent, te, ...); such a block leaves the dynamic table as it was, so while
+    the table is unchanged it decodes as it did before: from :attr:`blocks`, not through the hpack package's
+    Python (about 60 us a block)."""
+
+    def __init__(self, max_header_list_size: int) -> None:
+        super().__init__(max_header_list_size=max_header_list_size)
+        self.blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
+
+    def decode(self, data: bytes, raw: bool = False) -> Any:
+        block = bytes(data)
+        known = self.blocks.get(block)
+        if known is not None:
+            return known
+        table = self.header_table
+        entries = table.dynamic_entries
+        newest, count, size = entries[0] if entries else None, len(entries), table.maxsize
+        try:
+            headers: Any = super().decode(block, raw=raw)
+        except hpack.exceptions.OversizedHeaderListError:
+            raise  # h2's DenialOfServiceError
+        except hpack.exceptions.HPACKError as exc:
+            raise _CompressionError(f"HPACK: {exc}") from None
+        entries = table.dynamic_entries
+        if len(entries) == count and (entries[0] if entries else None) is newest and table.maxsize == size:
+            if len(self.blocks) < MAX_BLOCKS and len(block) <= MAX_BLOCK:
+                self.blocks[block] = headers
+        else:  # the table changed: what was known decodes differently now
+            self.blocks.clear()
+        return headers
+
+
+class _Budget:
+    """At most ``limit`` events in any ``seconds``-long stretch, counted in whole stretches."""
+
+    def __init__(self, limit: int, seconds: float) -> None:
+        self.limit, self.seconds = limit, seconds
+        self.count, self.since = 0, 0.0
+
+    def spend(self, now: float) -> bool:
+        """Count one event at ``now``: False once past the limit."""
+        if now - self.since > self.seconds:
+            self.count, self.since = 0, now
+        self.count += 1
+        return self.count <= self.limit
+
+
+_CONFIG = h2.config.H2Configuration(
+    client_side=False, header_encoding=None,  # fields stay bytes
+    # request fields are checked per stream (_Connection._malformed: a stream error, not the connection's);
+    # replies are built here
+    validate_inbound_headers=False, normalize_inbound_headers=False,
+    validate_outbound_headers=False, normalize_outbound_headers=False)
+_VALIDATION = h2.utilities.HeaderValidationFlags(is_client=False, is_trailer=False, is_response_header=False,
+                                                  is_push_promise=False)
+
+
 class _Connection(asyncio.Protocol):
-    """One client connection: frames in, the calls' frames out."""
+    """One client connection: bytes in through h2's state machine, its events to the calls, the calls' replies
+    out through it."""
 
     def __init__(self, server: LoopServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.peer = ""
-        self.buffer = bytearray()
-        self.preface_seen = False
-        self.settings_seen = False
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        #: header blocks that left the HPACK table as it was, and their fields, while it stays so (_decode)
-        self.blocks: dict[bytes, tuple[list[tuple[bytes, bytes]], dict[bytes, bytes], str | None]] = {}
+        h2c = self.h2 = h2.connection.H2Connection(config=_CONFIG)
+        h2c.incoming_buffer = _Frames()
+        h2c.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: LOCAL_MAX_FRAME})
+        h2c.max_inbound_frame_size = LOCAL_MAX_FRAME
+        h2c.decoder = _Decoder(MAX_DECODED_HEADERS)
+        #: why requests with these fields are malformed, or None, for the last few field lists seen
+        self.verdicts: dict[tuple[tuple[bytes, bytes], ...], str | None] = {}
         self.calls: dict[int, _Call] = {}
-        self.last_sid = 0
-        self.headers_pending: tuple[int, int, bytearray] | None = None  # HEADERS waiting for CONTINUATION
-        self.send_window = DEFAULT_WINDOW
-        self.peer_initial_window = DEFAULT_WINDOW
-        self.peer_max_frame = DEFAULT_FRAME
-        self.recv_unacked = 0
+        self.last_sid = 0  # the newest stream this connection took as a call (or answered)
         self.window_open = asyncio.Event()  # set whenever a send window may have grown
         self.writable = asyncio.Event()
         self.writable.set()
+        self.stalled: asyncio.TimerHandle | None = None
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.closed = False
         self._auth: dict[str, list[bytes]] | None = None
-        #: frames queued, sent together by :meth:`flush` (see :meth:`write`)
-        self.out: list[bytes | memoryview] = []
-        self.out_bytes = 0
+        self.queued = 0  # bytes of DATA queued in h2 since the last flush
+        self.flush_soon = False
         #: reads so far (each a batch of frames), and the one whose calls' replies are held (0: none)
         self.reads = 0
         self.started = 0  # the last read that started a call's handler
         self.held = 0
         self.held_since: float | None = None  # when the oldest reply queued was held
+        # what a peer may make this server do for nothing (items 1 and 2)
+        self.resets = _Budget(MAX_RESETS, RESETS_S)
+        self.settings = _Budget(MAX_SETTINGS, SETTINGS_S)
+        self.ping_strikes = 0
+        self.last_ping = -PING_INTERVAL_S
+        self.answered_since_ping = True
+        self.dispatch: dict[type, Callable[[Any], None]] = {
+            h2.events.RequestReceived: self._request, h2.events.DataReceived: self._data,
+            h2.events.StreamEnded: self._stream_ended, h2.events.StreamReset: self._stream_reset,
+            h2.events.WindowUpdated: self._window, h2.events.RemoteSettingsChanged: self._remote_settings,
+            h2.events.PingReceived: self._ping, h2.events.ConnectionTerminated: self._terminated}
 
     # -- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -603,16 +665,17 @@ class _Connection(asyncio.Protocol):
             self.peer = f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"
         else:
             self.peer = f"unix:{peer}"
-        settings = b"".join(_SETTING.pack(k, v) for k, v in (
-            (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, MAX_STREAMS), (INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-            (MAX_FRAME_SIZE, LOCAL_MAX_FRAME), (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
-        self.write(frame(SETTINGS, 0, 0, settings)
-                   + frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW)))
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
+        self.h2.initiate_connection()
+        self.h2.increment_flow_control_window(CONNECTION_WINDOW - DEFAULT_WINDOW)
+        self.flush()
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        if self.stalled is not None:
+            self.stalled.cancel()
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.cancel()
@@ -641,10 +704,27 @@ class _Connection(asyncio.Protocol):
         return self._auth
 
     def pause_writing(self) -> None:
+        """The peer reads slower than this server writes to it: nothing more is read from it until it catches
+        up (so replies and control frames owed to it stay bounded: items 2 and 3), and if it has not within
+        ``STALL_S``, the connection is closed."""
         self.writable.clear()
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+            self.stalled = self.loop.call_later(STALL_S, self._stall)
 
     def resume_writing(self) -> None:
         self.writable.set()
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def _stall(self) -> None:
+        log.debug("gRPC connection from %s closed: it read nothing for %s s", self.peer, STALL_S)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         """A read's frames. The calls it completes start their handlers, which run in this order at the next
@@ -652,42 +732,48 @@ class _Connection(asyncio.Protocol):
         queued behind them now), so that the replies of calls that answer at once (a model inferred inline,
         a refusal) leave in one send. Nothing else waits in between: what the loop had queued before runs
         before the handlers, and what it queues after runs after the release."""
+        if self._gone():
+            return
         self.reads += 1
         try:
-            self._frames(data)
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY naming the error (not for a preface)
+            if self.h2.state_machine.state is not h2.connection.ConnectionState.CLOSED:
+                self.h2.close_connection(PROTOCOL_ERROR, b"not an HTTP/2 connection preface (is this gRPC?)")
+            self._close(f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            dispatch = self.dispatch
+            for event in events:
+                handle = dispatch.get(type(event))
+                if handle is not None:
+                    handle(event)
+                if self.closed:
+                    return
             if self.started == self.reads:  # this read started handlers
                 self.held = self.reads
                 self.loop.call_soon(self._release, self.reads)
             self.flush()  # what reading these frames wrote (SETTINGS and PING acknowledgements, refusals, ...)
-        except _ConnectionError as exc:
-            self.fail(exc.code, str(exc))
-        except hpack.exceptions.OversizedHeaderListError:
-            self.fail(PROTOCOL_ERROR, "header list too large")
-        except hpack.exceptions.HPACKError as exc:
-            self.fail(COMPRESSION_ERROR, f"HPACK: {exc}")
         except Exception as exc:  # a defect here: the connection goes, the server stays
             log.error("gRPC connection from %s: unexpected error", self.peer, exc_info=exc)
             self.fail(INTERNAL_ERROR, "internal error")
 
-    def write(self, data: bytes | memoryview) -> None:
-        """Queue ``data``; :meth:`flush` sends what is queued in one send (one TLS record): a unary reply's
-        HEADERS, DATA and trailers when the call finishes (or, for calls one read started that answer at once,
-        together once their handlers have each run to a wait, at most HOLD_S after the first: see
-        :meth:`data_received`), a stream's message when it is written, what reading a batch of frames wrote
-        when the batch is read, and anything else at the next turn of the loop. A reply is never held for the
-        rest of a turn: under load a turn of the loop takes milliseconds."""
-        if not self.closed and self.transport is not None:
-            if not self.out:
-                self.loop.call_soon(self.flush)
-            self.out.append(data)
-            self.out_bytes += len(data)
-            if self.out_bytes >= FLUSH_AT:  # large replies go at once, so the transport's back-pressure holds
-                self.flush()
+    def _gone(self) -> bool:
+        return self.closed
+
+    # -- frames out ------------------------------------------------------------------
+    def _queued(self) -> None:
+        """h2 has frames to send: they go at the next flush, at the latest at the next turn of the loop."""
+        if not self.flush_soon:
+            self.flush_soon = True
+            self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        out, self.out, self.out_bytes, self.held_since = self.out, [], 0, None
-        if out and not self.closed and self.transport is not None:
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        self.flush_soon, self.queued, self.held_since = False, 0, None
+        if not self.closed and self.transport is not None:
+            out = self.h2.data_to_send()
+            if out:
+                self.transport.write(out)
 
     def _release(self, read: int) -> None:
         """The handlers ``read`` started have each run to their first wait: what they answered goes now."""
@@ -695,298 +781,72 @@ class _Connection(asyncio.Protocol):
             self.held = 0
         self.flush()
 
-    def fail(self, code: int, message: str) -> None:
-        """A connection error: GOAWAY saying why, then the connection is closed."""
-        log.debug("gRPC connection from %s closed: %s", self.peer, message)
-        self.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_sid) + _U32.pack(code) + message.encode()[:256]))
-        self.flush()
-        if self.transport is not None:
-            self.transport.close()
-        self.closed = True
-
-    # -- frames in -------------------------------------------------------------------
-    def _frames(self, data: bytes) -> None:
+    def send_headers(self, sid: int, fields: list[tuple[bytes, bytes]], end_stream: bool = False) -> None:
         if self.closed:
             return
-        buf = self.buffer
-        buf += data
-        pos = 0
-        if not self.preface_seen:
-            if len(buf) < len(PREFACE):
-                if not PREFACE.startswith(bytes(buf)):
-                    raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface (is this gRPC?)")
-                return
-            if buf[:len(PREFACE)] != PREFACE:
-                raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface (is this gRPC?)")
-            self.preface_seen = True
-            pos = len(PREFACE)
-        end = len(buf)
-        view = memoryview(buf)  # each payload copied out once (a bytearray slice would copy twice)
         try:
-            # a frame's 24-bit length cannot pass LOCAL_MAX_FRAME (2^24-1), the most HTTP/2 allows
-            while end - pos >= 9 and not self.closed:
-                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-                if end - pos < 9 + length:
-                    break
-                kind, flags = buf[pos + 3], buf[pos + 4]
-                sid = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
-                payload = view[pos + 9:pos + 9 + length].tobytes()
-                pos += 9 + length
-                self._frame(kind, flags, sid, payload)
-        finally:
-            view.release()
-            del buf[:pos]
-
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
-        if not self.settings_seen and kind != SETTINGS:
-            raise _ConnectionError(PROTOCOL_ERROR, "the first frame must be SETTINGS")
-        if self.headers_pending is not None and kind != CONTINUATION:
-            raise _ConnectionError(PROTOCOL_ERROR, "a header block interrupted before its END_HEADERS")
-        if kind == DATA:
-            self._data(flags, sid, payload)
-        elif kind == HEADERS:
-            if sid == 0:
-                raise _ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
-            payload = self._unpad(flags, payload)
-            if flags & PRIORITY:
-                if len(payload) < 5:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-                payload = payload[5:]
-            if flags & END_HEADERS:
-                self._headers(sid, flags, payload)
-            else:
-                self.headers_pending = (sid, flags, bytearray(payload))
-        elif kind == CONTINUATION:
-            pending = self.headers_pending
-            if pending is None or pending[0] != sid:
-                raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
-            pending[2].extend(payload)
-            if len(pending[2]) > 2 * MAX_HEADER_LIST:
-                raise _ConnectionError(PROTOCOL_ERROR, "header block too large")
-            if flags & END_HEADERS:
-                self.headers_pending = None
-                self._headers(sid, pending[1], bytes(pending[2]))
-        elif kind == SETTINGS:
-            self._settings(flags, sid, payload)
-        elif kind == WINDOW_UPDATE:
-            self._window_update(sid, payload)
-        elif kind == PING:
-            if sid != 0 or len(payload) != 8:
-                raise _ConnectionError(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "malformed PING")
-            if not flags & ACK:
-                self.write(frame(PING, ACK, 0, payload))
-        elif kind == RST_STREAM:
-            if sid == 0 or len(payload) != 4:
-                raise _ConnectionError(PROTOCOL_ERROR, "malformed RST_STREAM")
-            call = self.calls.pop(sid, None)
-            if call is not None:
-                self._reset(call)
-        elif kind == GOAWAY:
-            self.going_away = True
-            self.server.changed()
-        elif kind == PUSH_PROMISE:
-            raise _ConnectionError(PROTOCOL_ERROR, "a client cannot push")
-        elif kind == PRIORITY_FRAME and len(payload) != 5:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
-        # PRIORITY and unknown frame types are ignored
-
-    @staticmethod
-    def _unpad(flags: int, payload: bytes) -> bytes:
-        if not flags & PADDED:
-            return payload
-        if not payload or payload[0] >= len(payload):
-            raise _ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
-        return payload[1:len(payload) - payload[0]]
-
-    def _data(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
-        size = len(payload)  # flow control counts the padding too
-        self.recv_unacked += size
-        if self.recv_unacked >= CONNECTION_WINDOW // 2:
-            self.write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
-            self.recv_unacked = 0
-        data = self._unpad(flags, payload)
-        call = self.calls.get(sid)
-        if call is None:
-            if sid > self.last_sid:
-                raise _ConnectionError(PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
-            return  # a stream already answered, reset or refused: what was in flight is dropped
-        if call.remote_done:
-            self._stream_error(call, "DATA after the end of the stream")
+            self.h2.send_headers(sid, fields, end_stream=end_stream)
+        except h2.exceptions.ProtocolError:  # the stream or the connection is gone meanwhile: nobody to answer
             return
-        call.unacked += size
-        if call.unacked > STREAM_WINDOW:
-            self._stream_error(call, "DATA beyond the stream's window")
+        self.answered_since_ping = True
+        self._queued()
+
+    def reset(self, sid: int, code: int) -> None:
+        if self.closed:
             return
-        # a unary request is bounded by the receive limit: its bytes are given back as they come; a stream's
-        # as its handler takes its messages (and the padding at once)
-        self.consumed(call, size if not call.handler.request_streaming else size - len(data))
-        call.received(data)
-        if flags & END_STREAM:
-            self._ended(call)
-
-    def consumed(self, call: _Call, size: int) -> None:
-        """Give ``size`` bytes back to the stream's window once half of it is used up."""
-        call.consumed += size
-        if call.consumed >= STREAM_WINDOW // 2 and not call.remote_done and not call.finished:
-            self.write(frame(WINDOW_UPDATE, 0, call.sid, _U32.pack(call.consumed)))
-            call.unacked -= call.consumed
-            call.consumed = 0
-
-    def _ended(self, call: _Call) -> None:
-        call.ended()
-        if call.finished:
-            self.forget(call)
-        elif call.task is None:
-            call.start()
-
-    def _headers(self, sid: int, flags: int, block: bytes) -> None:
-        call = self.calls.get(sid)
-        if call is not None or sid <= self.last_sid:  # trailers, or headers on a stream already gone
-            self._decode(block)  # keeps the HPACK table in step
-            if call is None:
-                return
-            if not flags & END_STREAM:
-                self._stream_error(call, "a second header block without END_STREAM")
-                return
-            self._ended(call)
+        try:
+            self.h2.reset_stream(sid, code)
+        except h2.exceptions.ProtocolError:
             return
-        if sid % 2 == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, f"a client-initiated stream with an even id ({sid})")
-        self.last_sid = sid
-        headers, named, why = self._decode(block)
-        if self.going_away or len(self.calls) >= MAX_STREAMS:
-            self.write(frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
-            return
-        if why is not None:  # never a call (RFC 9113 §8.1.1)
-            log.debug("gRPC stream %d from %s reset: malformed request: %s", sid, self.peer, why)
-            self.write(frame(RST_STREAM, 0, sid, _U32.pack(PROTOCOL_ERROR)))
-            return
-        path = named.get(b":path", b"")
-        if named.get(b":method") != b"POST" or not path:
-            self.write(frame(RST_STREAM, 0, sid, _U32.pack(PROTOCOL_ERROR)))
-            return
-        if not named.get(b"content-type", b"").startswith(b"application/grpc"):
-            self.write(frame(HEADERS, END_HEADERS | END_STREAM, sid, b"\x08\x03415"  # :status 415 (name static 8)
-                             + literal(b"content-type", b"text/plain")))
-            self.write(frame(RST_STREAM, 0, sid, _U32.pack(NO_ERROR)))
-            return
-        handler = self.server.handler(path)
-        call = _Call(self, sid, headers, path, handler, named.get(b"grpc-timeout"),
-                     named.get(b"grpc-encoding", b"identity"))
-        self.calls[sid] = call
-        if handler is None:
-            call.refuse(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path.decode('latin-1')}")
-        elif handler.request_streaming:
-            call.arrived = asyncio.Event()
-            call.start()
-        if flags & END_STREAM and sid in self.calls:
-            self._ended(call)
+        self._queued()
 
-    def _decode(self, block: bytes) -> tuple[list[tuple[bytes, bytes]], dict[bytes, bytes], str | None]:
-        """A header block's fields, the same as a dict (for the fields read here and by the call), and why a
-        request with them is malformed (:func:`malformed_request`), or None.
-
-        A client's calls after its first send the same block, each field a reference into the HPACK tables
-        (grpcio: path, content-type, user agent, te, ...); such a block leaves the dynamic table as it was,
-        so while the table is unchanged it decodes as it did before: from :attr:`blocks`, not through the
-        hpack package's Python (~60 us a block, with a debug log call per field)."""
-        known = self.blocks.get(block)
-        if known is not None:
-            return known
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        newest, count, size = entries[0] if entries else None, len(entries), table.maxsize
-        headers: list[tuple[bytes, bytes]] = list(self.decoder.decode(block, raw=True))
-        decoded = headers, dict(headers), malformed_request(headers)  # checked once per block remembered
-        entries = table.dynamic_entries
-        if len(entries) == count and (entries[0] if entries else None) is newest and table.maxsize == size:
-            if len(self.blocks) < MAX_BLOCKS and len(block) <= MAX_BLOCK:
-                self.blocks[block] = decoded
-        else:  # the table changed: what was known decodes differently now
-            self.blocks.clear()
-        return decoded
-
-    def _stream_error(self, call: _Call, message: str) -> None:
-        log.debug("gRPC stream %d from %s reset: %s", call.sid, self.peer, message)
-        self.calls.pop(call.sid, None)
-        self.write(frame(RST_STREAM, 0, call.sid, _U32.pack(PROTOCOL_ERROR)))
-        self._reset(call)
-
-    def _reset(self, call: _Call) -> None:
-        call.cancel()
-        self.window_open.set()
-        self.server.changed()
-
-    def _settings(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid != 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & ACK:
-            if payload:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return
-        if len(payload) % 6:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of a length not a multiple of 6")
-        self.settings_seen = True
-        for at in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, at)
-            if key == INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise _ConnectionError(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE above 2^31-1")
-                delta, self.peer_initial_window = value - self.peer_initial_window, value
-                for call in self.calls.values():
-                    call.window += delta
-                self.window_open.set()
-            elif key == MAX_FRAME_SIZE:
-                if not DEFAULT_FRAME <= value <= LOCAL_MAX_FRAME:
-                    raise _ConnectionError(PROTOCOL_ERROR, f"MAX_FRAME_SIZE {value} out of range")
-                self.peer_max_frame = value
-            elif key == ENABLE_PUSH and value > 1:
-                raise _ConnectionError(PROTOCOL_ERROR, "ENABLE_PUSH neither 0 nor 1")
-        self.write(frame(SETTINGS, ACK, 0))
-
-    def _window_update(self, sid: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
-        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
-        if sid == 0:
-            if increment == 0:
-                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self.send_window += increment
-            if self.send_window > MAX_WINDOW:
-                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
-        else:
-            call = self.calls.get(sid)
-            if call is None:
-                return
-            if increment == 0 or call.window + increment > MAX_WINDOW:
-                self._stream_error(call, "a bad WINDOW_UPDATE")
-                return
-            call.window += increment
-        self.window_open.set()
-
-    # -- frames out ------------------------------------------------------------------
     async def send_data(self, call: _Call, message: bytes) -> None:
         """``message`` as DATA frames within the peer's windows and frame size, waiting for room."""
-        view = memoryview(message)
-        while view:
+        h2c, sid = self.h2, call.sid
+        sent, total = 0, len(message)
+        while sent < total:
             if call.reset or self.closed:
                 raise asyncio.CancelledError()
-            room = min(self.send_window, call.window, self.peer_max_frame, len(view))
+            try:
+                room = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size, total - sent)
+            except h2.exceptions.ProtocolError:  # the stream is gone
+                raise asyncio.CancelledError() from None
             if room <= 0:
                 self.flush()  # what fitted goes now: the client gives window back for what it has read
                 self.window_open.clear()
                 await self.window_open.wait()
                 continue
-            n = room
-            self.send_window -= n
-            call.window -= n
-            self.write(_FRAME.pack(n >> 16, n & 0xFFFF, DATA, 0, call.sid))
-            self.write(view[:n])
-            view = view[n:]
+            h2c.send_data(sid, message if room == total else message[sent:sent + room])
+            sent += room
+            self.answered_since_ping = True
+            self.queued += room
+            if self.queued >= FLUSH_AT:  # large replies go at once, so the transport's back-pressure holds
+                self.flush()
+            else:
+                self._queued()
             if not self.writable.is_set():
                 await self.writable.wait()
+
+    def fail(self, code: int, message: str) -> None:
+        """A connection error found here: GOAWAY saying why, then the connection is closed."""
+        with contextlib.suppress(h2.exceptions.ProtocolError):  # h2 is closing already
+            self.h2.close_connection(code, message.encode()[:256], last_stream_id=self.last_sid)
+        self._close(message)
+
+    def _close(self, why: str) -> None:
+        """What h2 queued (its GOAWAY) goes, then the connection is closed: over TLS too (a peer that does not
+        read its close_notify is cut off after ``CLOSE_S``)."""
+        log.debug("gRPC connection from %s closed: %s", self.peer, why)
+        self.flush()
+        self.closed = True
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+            self.loop.call_later(CLOSE_S, transport.abort)
+        calls, self.calls = self.calls, {}
+        for call in calls.values():
+            call.cancel()
+        self.server.changed()
 
     def forget(self, call: _Call) -> None:
         if self.calls.get(call.sid) is call and (call.remote_done or call.reset or call.finished):
@@ -994,15 +854,164 @@ class _Connection(asyncio.Protocol):
             self.server.changed()
 
     def go_away(self) -> None:
-        """Say no new streams will be taken (those already open finish)."""
-        if not self.going_away:
+        """Say no new streams will be taken (those already open finish). Written beside h2, whose state machine
+        allows nothing after a GOAWAY it sends itself: streams opened later are refused here."""
+        if not self.going_away and not self.closed and self.transport is not None:
             self.going_away = True
-            self.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_sid) + _U32.pack(NO_ERROR)))
+            self.flush()
+            self.transport.write(GoAwayFrame(0, last_stream_id=self.last_sid, error_code=NO_ERROR).serialize())
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
             self.flush()
             self.transport.close()
+
+    # -- events in -------------------------------------------------------------------
+    def _request(self, event: h2.events.RequestReceived) -> None:
+        sid = event.stream_id
+        headers: list[tuple[bytes, bytes]] = event.headers
+        if self.going_away:  # gRPC clients retry a refused stream elsewhere
+            self.reset(sid, REFUSED_STREAM)
+            return
+        self.last_sid = sid
+        why = self._malformed(headers)
+        if why is not None:  # never a call (RFC 9113 §8.1.1)
+            log.debug("gRPC stream %d from %s reset: malformed request: %s", sid, self.peer, why)
+            self._stream_error(sid, PROTOCOL_ERROR)
+            return
+        named = dict(headers)
+        if named.get(b":method") != b"POST":
+            self._stream_error(sid, PROTOCOL_ERROR)
+            return
+        if not named.get(b"content-type", b"").startswith(b"application/grpc"):
+            self.send_headers(sid, [(b":status", b"415"), (b"content-type", b"text/plain")], end_stream=True)
+            if not event.stream_ended:
+                self.reset(sid, NO_ERROR)
+            return
+        path = named[b":path"]
+        size = sum(len(k) + len(v) + 32 for k, v in headers)  # RFC 9113 §6.5.2's measure
+        if size > MAX_HEADER_LIST:
+            handler: Any = None
+        else:
+            handler = self.server.handler(path)
+        call = _Call(self, sid, headers, path, handler, named.get(b"grpc-timeout"),
+                     named.get(b"grpc-encoding", b"identity"))
+        self.calls[sid] = call
+        if size > MAX_HEADER_LIST:
+            call.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"request header list of {size} bytes, past the limit of {MAX_HEADER_LIST}")
+        elif handler is None:
+            call.refuse(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {cut(path.decode('latin-1'))}")
+        elif handler.request_streaming:
+            call.arrived = asyncio.Event()
+            call.start()
+
+    def _malformed(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """Why a request with these fields is malformed (RFC 9113 §8.2-8.3, h2's rules), or None."""
+        key = tuple(headers)
+        if key in self.verdicts:
+            return self.verdicts[key]
+        why = None
+        try:
+            for _ in h2.utilities.validate_headers(headers, _VALIDATION):
+                pass
+        except h2.exceptions.ProtocolError as exc:
+            why = str(exc)[:200]
+        if len(self.verdicts) >= MAX_BLOCKS:
+            self.verdicts.clear()
+        self.verdicts[key] = why
+        return why
+
+    def _data(self, event: h2.events.DataReceived) -> None:
+        sid, size = event.stream_id, event.flow_controlled_length
+        call = self.calls.get(sid)
+        if call is None or call.finished or call.reset:  # answered, reset or refused: dropped, the window given back
+            self.h2.acknowledge_received_data(size, sid)
+            return
+        data = event.data
+        # a unary request is bounded by the receive limit, checked on each message's length prefix: its bytes
+        # are given back as they come; a stream's as its handler takes its messages (and the padding at once)
+        given = size if not call.handler.request_streaming else size - len(data)
+        if given:
+            self.h2.acknowledge_received_data(given, sid)
+        call.received(data)
+
+    def consumed(self, call: _Call, size: int) -> None:
+        """The handler took a message of ``size`` bytes on the wire: its window goes back (h2 sends the
+        WINDOW_UPDATE once enough is owed)."""
+        if not call.remote_done and not call.finished and not self.closed:
+            try:
+                self.h2.acknowledge_received_data(size, call.sid)
+            except h2.exceptions.ProtocolError:
+                return
+            self._queued()
+
+    def _stream_ended(self, event: h2.events.StreamEnded) -> None:
+        call = self.calls.get(event.stream_id)
+        if call is None:
+            return
+        call.ended()
+        if call.finished:
+            self.forget(call)
+        elif call.task is None:
+            call.start()
+
+    def _calm(self, why: str) -> None:
+        """The peer asks too much for nothing (a flood): what it is owed and not yet sent (the acknowledgements
+        h2 queued for the read) is dropped, and the GOAWAY goes at once, ENHANCE_YOUR_CALM naming ``why``."""
+        self.h2.clear_outbound_data_buffer()
+        self.fail(ENHANCE_YOUR_CALM, why)
+
+    def _stream_reset(self, event: h2.events.StreamReset) -> None:
+        if not self.resets.spend(self.loop.time()):
+            self._calm("too_many_resets")
+            return
+        call = self.calls.pop(event.stream_id, None)
+        if call is not None:
+            call.cancel()
+            self.window_open.set()
+            self.server.changed()
+
+    def _stream_error(self, sid: int, code: int) -> None:
+        """Reset a stream for the client's fault; such resets count with the client's own (item 1,
+        "MadeYouReset")."""
+        if not self.resets.spend(self.loop.time()):
+            self._calm("too_many_resets")
+            return
+        call = self.calls.pop(sid, None)
+        self.reset(sid, code)
+        if call is not None:
+            call.cancel()
+            self.window_open.set()
+            self.server.changed()
+
+    def _window(self, event: h2.events.WindowUpdated) -> None:
+        self.window_open.set()
+
+    def _remote_settings(self, event: h2.events.RemoteSettingsChanged) -> None:
+        if not self.settings.spend(self.loop.time()):
+            self._calm("too_many_settings")
+            return
+        self.window_open.set()
+
+    def _ping(self, event: h2.events.PingReceived) -> None:
+        """As gRPC's core: a PING sooner than ``PING_INTERVAL_S`` after another, with nothing sent meanwhile,
+        is a strike; past ``MAX_PING_STRIKES``, GOAWAY ENHANCE_YOUR_CALM "too_many_pings" (which gRPC clients
+        read as: ping less often)."""
+        now = self.loop.time()
+        if not self.answered_since_ping and now - self.last_ping < PING_INTERVAL_S:
+            self.ping_strikes += 1
+            if self.ping_strikes > MAX_PING_STRIKES:
+                self._calm("too_many_pings")
+                return
+        else:
+            self.ping_strikes = 0
+        self.last_ping, self.answered_since_ping = now, False
+
+    def _terminated(self, event: h2.events.ConnectionTerminated) -> None:
+        """The client's GOAWAY: h2 takes nothing more on this connection, so it is done."""
+        self.going_away = True
+        self._close(f"the client's GOAWAY ({event.error_code})")
 
 
 class _Details(grpc.HandlerCallDetails):
