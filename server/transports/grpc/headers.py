@@ -18,9 +18,10 @@ pseudo-headers).
 The same interceptor applies the metadata size limit to the call's metadata as a whole, which the core
 applies frame by frame (:class:`MalformedRequests`).
 
-Only grpcio runs interceptors at no extra cost. The loop engine applies :func:`malformed` itself, with the
-pseudo-header rules the core keeps from Python, and resets the stream (``loop.malformed_request``); native
-relies on its own HTTP/2's checks.
+The loop engine sees every field, pseudo-headers too: it checks them with h2's rules and resets a malformed
+request's stream, as RFC 9113 asks (counted here: :meth:`MalformedRequests.reset`), and ends a call whose fields
+are past the limit with this class's refusal (:meth:`MalformedRequests.too_large`). native relies on its own
+HTTP/2's checks.
 
 A refused call is counted (:attr:`MalformedRequests.refused`, by reason: ``ovserve_requests_malformed_total``
 when metrics are on) and, with ``--access-log``, logged as any call is: its method, status and client, no model,
@@ -145,21 +146,30 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
         metadata = handler_call_details.invocation_metadata or ()
         why, size = _look(metadata)
         if why is not None:
-            return self._refusal(handler_call_details, MALFORMED, grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"malformed request: {why}")
+            return self.refusal(str(handler_call_details.method or ""), metadata, MALFORMED,
+                                grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {why}")
         if size > self.max_bytes:
-            return self._refusal(handler_call_details, TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"request metadata of {size} bytes is past the {self.max_bytes} this server takes")
+            return self.too_large(str(handler_call_details.method or ""), metadata, size)
         return await continuation(handler_call_details)
 
-    def _refusal(self, details: grpc.HandlerCallDetails, reason: str, code: grpc.StatusCode,
-                 message: str) -> grpc.RpcMethodHandler[Any, Any]:
-        """A handler that ends the call at once: request-streaming, so it runs before any of the request's body
-        is read, whatever the method's own shape. Counted, and logged when the access log is on."""
+    def too_large(self, path: str, metadata: Iterable[tuple[str, Any]], size: int) -> grpc.RpcMethodHandler[Any, Any]:
+        """The refusal of a call whose metadata is ``size`` bytes, past :attr:`max_bytes`."""
+        return self.refusal(path, metadata, TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"request metadata of {size} bytes is past the {self.max_bytes} this server takes")
+
+    def reset(self) -> None:
+        """A malformed request the engine reset itself (the loop engine: RST_STREAM PROTOCOL_ERROR, never a call,
+        so nothing to log): counted."""
+        self.refused[MALFORMED] += 1
+
+    def refusal(self, path: str, metadata: Iterable[tuple[str, Any]], reason: str, code: grpc.StatusCode,
+                message: str) -> grpc.RpcMethodHandler[Any, Any]:
+        """A handler that ends the call to ``path`` at once: request-streaming, so it runs before any of the
+        request's body is read, whatever the method's own shape. Counted, and logged when the access log is on."""
         self.refused[reason] += 1
         clock = Clock()
-        method = _method(str(details.method or ""))
-        given = next((v for k, v in details.invocation_metadata or () if k == HEADER and isinstance(v, str)), None)
+        method = _method(path)
+        given = next((v for k, v in metadata if k == HEADER and isinstance(v, str)), None)
 
         async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             if self.gate.access_log is not None:

@@ -199,7 +199,7 @@ def make_server(engine: str, options: list[tuple[str, Any]],
     if engine == "loop":
         from .loop import LoopServer  # imported only where served
 
-        return LoopServer(options)
+        return LoopServer(options, door)
     raise InvalidInput(f"unknown gRPC engine {engine!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
 
 
@@ -327,6 +327,14 @@ class GrpcListener:
                 self.in_flight.closing = True
             await self._drain(max(0.0, deadline - loop.time()))
             await self.server.stop(max(0.0, deadline - loop.time()))
+            return
+        if self.engine == "loop":
+            # HTTP/2's own graceful stop: GOAWAY first, naming the last stream taken; a call a client sends after
+            # it (before reading it) is refused REFUSED_STREAM, which gRPC clients retry on a new connection, so
+            # none is lost (issue 35); the calls in flight end within the grace, their replies written whole
+            # before each connection closes.
+            await self.health.enter_graceful_shutdown()
+            await self.server.stop(grace)
             return
         self.in_flight.closing = True  # from now on, before anything else awaits
         await self.health.enter_graceful_shutdown()

@@ -49,6 +49,8 @@ from h2.exceptions import DenialOfServiceError, FrameTooLargeError
 from h2.frame_buffer import FrameBuffer
 from hyperframe.frame import Frame, GoAwayFrame
 
+from .headers import MalformedRequests
+
 log = logging.getLogger("ovserve")
 
 # frame types read before h2 parses a frame (_Frames)
@@ -69,8 +71,8 @@ MAX_STREAMS = 1024
 #: header blocks a connection remembers, and the longest remembered (see _Decoder): a block of references is
 #: tens of bytes
 MAX_BLOCKS, MAX_BLOCK = 32, 1024
-#: the most header bytes (RFC 9113 §6.5.2's measure) a request's fields may hold, as grpcio: past it the call
-#: is refused RESOURCE_EXHAUSTED
+#: the most bytes (RFC 9113 §6.5.2's measure) a call's metadata may hold, as grpcio, unless the listener's door
+#: says otherwise: past it the call is refused RESOURCE_EXHAUSTED
 MAX_HEADER_LIST = 16 << 10
 #: past these (decoded, and as encoded before decoding) the header block breaks the connection
 MAX_DECODED_HEADERS, MAX_HEADER_BLOCK = 64 << 10, 64 << 10
@@ -278,13 +280,20 @@ class _Call:
         self.deadline_hit = False
         self.encoding = encoding
         self.context = Context(self)
-        # as grpcio: a handler without a (de)serializer takes and gives the message's bytes
-        self.deserialize: Callable[[Any], Any] = (handler and handler.request_deserializer) or bytes
-        self.serialize: Callable[[Any], bytes] = (handler and handler.response_serializer) or bytes
+        self.deserialize: Callable[[Any], Any] = bytes
+        self.serialize: Callable[[Any], bytes] = bytes
+        self.bind(handler)
         seconds = None if timeout is None else parse_timeout(timeout)
         if seconds is not None:
             self.deadline_at = conn.loop.time() + seconds
             self.deadline = conn.loop.call_at(self.deadline_at, self._expire)
+
+    def bind(self, handler: Any) -> None:
+        """The method's handler (None: not found). As grpcio, a handler without a (de)serializer takes and gives
+        the message's bytes."""
+        self.handler = handler
+        self.deserialize = (handler and handler.request_deserializer) or bytes
+        self.serialize = (handler and handler.response_serializer) or bytes
 
     # -- requests ----------------------------------------------------------------
     def received(self, data: bytes) -> None:
@@ -877,6 +886,7 @@ class _Connection(asyncio.Protocol):
         why = self._malformed(headers)
         if why is not None:  # never a call (RFC 9113 §8.1.1)
             log.debug("gRPC stream %d from %s reset: malformed request: %s", sid, self.peer, why)
+            self.server.door.reset()
             self._stream_error(sid, PROTOCOL_ERROR)
             return
         named = dict(headers)
@@ -889,18 +899,17 @@ class _Connection(asyncio.Protocol):
                 self.reset(sid, NO_ERROR)
             return
         path = named[b":path"]
-        size = sum(len(k) + len(v) + 32 for k, v in headers)  # RFC 9113 §6.5.2's measure
-        if size > MAX_HEADER_LIST:
-            handler: Any = None
+        call = _Call(self, sid, headers, path, None, named.get(b"grpc-timeout"),
+                     named.get(b"grpc-encoding", b"identity"))
+        size = sum(len(k) + len(v) + 32 for k, v in headers if k[:1] != b":" and k not in _NOT_METADATA)
+        if size > self.server.door.max_bytes:  # the metadata, as grpcio counts it: ended by the door's refusal
+            handler: Any = self.server.door.too_large(path.decode("latin-1"), call.context.invocation_metadata(),
+                                                      size)
         else:
             handler = self.server.handler(path)
-        call = _Call(self, sid, headers, path, handler, named.get(b"grpc-timeout"),
-                     named.get(b"grpc-encoding", b"identity"))
+        call.bind(handler)
         self.calls[sid] = call
-        if size > MAX_HEADER_LIST:
-            call.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"request header list of {size} bytes, past the limit of {MAX_HEADER_LIST}")
-        elif handler is None:
+        if handler is None:
             call.refuse(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {cut(path.decode('latin-1'))}")
         elif handler.request_streaming:
             call.arrived = asyncio.Event()
@@ -1023,9 +1032,11 @@ class _Details(grpc.HandlerCallDetails):
 class LoopServer:
     """What ovserve's listener uses of ``grpc.aio.Server``, served by :class:`_Connection` on the running loop.
 
-    ``options``: grpc's server options; ``grpc.max_receive_message_length`` is read (-1: no limit)."""
+    ``options``: grpc's server options; ``grpc.max_receive_message_length`` is read (-1: no limit). ``door``:
+    what counts the malformed requests reset and refuses (and logs) calls whose metadata is past its limit."""
 
-    def __init__(self, options: Iterable[tuple[str, Any]] = ()) -> None:
+    def __init__(self, options: Iterable[tuple[str, Any]] = (), door: MalformedRequests | None = None) -> None:
+        self.door = door or MalformedRequests(MAX_HEADER_LIST)
         opts = dict(options)
         self.max_receive = int(opts.get("grpc.max_receive_message_length", 4 << 20))
         self._generic: list[Any] = []
