@@ -17,10 +17,10 @@ from typing import Any
 #: is refused (uvicorn's h11 protocol stops at 16 KiB; its httptools one has no limit).
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 
-#: gRPC server engines (``--grpc-engine``) and the package each one needs (``loop``: ovserve's own HTTP/2 on the
-#: event loop, which takes only its HPACK decoder from a package).
-GRPC_ENGINES = {"grpcio": "grpcio", "native": "pygrpc-native", "loop": "hpack"}
-#: what ``--grpc-engine`` takes: an engine, or ``auto`` (grpcio, on every listener)
+#: gRPC server engines (``--grpc-engine``) and the package each one needs (``loop``: gRPC on the event loop over
+#: the h2 package's HTTP/2).
+GRPC_ENGINES = {"grpcio": "grpcio", "native": "pygrpc-native", "loop": "h2"}
+#: what ``--grpc-engine`` takes: an engine, or ``auto`` (loop, on every listener)
 GRPC_ENGINE_CHOICES = ("auto", *GRPC_ENGINES)
 
 
@@ -72,8 +72,8 @@ class ProcessSettings:
     rest_port: int = 8080
     #: KServe V2 gRPC port (0 = an ephemeral port, logged at start; None = no gRPC listener).
     grpc_port: int | None = 8081
-    #: gRPC server engine: auto (grpcio), grpcio (grpc.aio), or experimental: loop (HTTP/2 on the event loop)
-    #: or native (pygrpc-native: no TLS).
+    #: gRPC server engine: auto (loop), loop (gRPC on the event loop over h2's HTTP/2), grpcio (grpc.aio), or
+    #: experimental: native (pygrpc-native: no TLS).
     grpc_engine: str = "auto"
     #: Event loop implementation: uvloop (default where installed) or asyncio.
     event_loop: str = "uvloop"

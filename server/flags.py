@@ -128,12 +128,12 @@ def add_process_flags(parser: argparse.ArgumentParser, defaults: ProcessSettings
     add(net, "--grpc-port", port, defaults.grpc_port,
         "KServe V2 gRPC port; 0 picks a free port (logged); off: no gRPC", aliases=names("--grpc-port"))
     add(net, "--grpc-engine", str, defaults.grpc_engine,
-        "gRPC server: auto (grpcio, on every listener), grpcio (grpc.aio: gRPC's C core, with the limits in "
-        "docs/operations.md), or, experimental and opt-in, each failing some HTTP/2 attacks grpcio withstands "
-        "(docs/operations.md \"The gRPC door\"): loop (ovserve's own HTTP/2 on the event loop; fails the PING "
-        "and SETTINGS floods, and over TLS leaves a refused call waiting) or native "
-        "(pygrpc-native: HTTP/2 outside the GIL; no TLS; fails the PING flood, waits for a message past "
-        "--max-request-bytes, serves white space around a header value; pip install 'ovserve[grpc-native]')",
+        "gRPC server: auto (loop, on every listener), loop (gRPC on the event loop over the h2 package's HTTP/2, "
+        "with the limits in docs/operations.md \"The gRPC door\"), grpcio (grpc.aio: gRPC's C core; serves some "
+        "requests RFC 9113 calls malformed and ignores some protocol errors, docs/operations.md), or, experimental "
+        "and opt-in, native (pygrpc-native: HTTP/2 outside the GIL; no TLS; fails the PING flood, waits for a "
+        "message past --max-request-bytes, serves white space around a header value; "
+        "pip install 'ovserve[grpc-native]')",
         aliases=names("--grpc-engine"), choices=list(GRPC_ENGINE_CHOICES))
     add(net, "--max-request-bytes", int, defaults.max_request_bytes, "largest request accepted, REST and gRPC",
         aliases=names("--max-request-bytes"))

@@ -1,14 +1,15 @@
-"""Every gRPC engine serves the same protocol: ``auto`` (the default: ``grpcio``, grpc.aio), and the
-experimental ``loop`` (HTTP/2 on the event loop) and ``native`` (pygrpc-native).
+"""Every gRPC engine serves the same protocol: ``auto`` (the default: ``loop``, gRPC on the event loop over h2),
+``grpcio`` (grpc.aio) and the experimental ``native`` (pygrpc-native).
 
 The gRPC protocol tests of the other modules run on the default engine; here they run again, in a
-child pytest per engine, with ``OVSERVE_GRPC_ENGINE=loop`` (or ``native``) in the environment every
+child pytest per engine, with ``OVSERVE_GRPC_ENGINE=grpcio`` (or ``native``) in the environment every
 server they start inherits. The tests here check that the variable really switches the engine, what ``auto`` picks
 and says, and what a user sees when the package is missing. tests/test_grpc_stress.py holds the
 evidence under load (SIGTERM, cancellations, connections, streams, limits) for both engines.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -24,7 +25,9 @@ from .inflight import Uploads
 from .models import SLOW_K, put_version, slow, slow_expected
 from .servers import EXACT, ServerProcess
 
-pytest.importorskip("pygrpc_native", reason="pygrpc-native (the grpc-native extra) is not installed")
+#: the tests that need the experimental native engine installed (scripts/test.sh installs its extra)
+NEEDS_NATIVE = pytest.mark.skipif(importlib.util.find_spec("pygrpc_native") is None,
+                                  reason="pygrpc-native (the grpc-native extra) is not installed")
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Modules whose gRPC tests (and the SIGTERM drain test) are rerun on the other engines.
@@ -35,17 +38,16 @@ GRPC_MODULES = ["test_smoke.py", "test_datatypes.py", "test_bad_input.py", "test
 
 
 def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
-    """The default (auto) serves gRPC on grpcio and says so; the variable picks the experimental loop engine."""
-    loop = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
-                         env={"OVSERVE_GRPC_ENGINE": "loop"})
+    """The default (auto) serves gRPC on loop and says so; the variable picks grpcio."""
+    other = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
+                          env={"OVSERVE_GRPC_ENGINE": "grpcio"})
     default = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT])
     try:
-        for proc, engine in ((loop, "loop (experimental: ovserve's own HTTP/2 on the event loop; hpack "),
-                             (default, "grpcio (grpcio ")):
+        for proc, engine in ((other, "grpcio (grpcio "), (default, "loop (h2 ")):
             proc.wait_ready()
             line = proc.wait_log("gRPC engine: ")
             assert engine in line, line
-            assert line.endswith("for grpc (--grpc-engine loop)" if proc is loop else "for grpc (auto)"), line
+            assert line.endswith("for grpc (--grpc-engine grpcio)" if proc is other else "for grpc (auto)"), line
             client = tgrpc.InferenceServerClient(proc.grpc_target)
             x = np.arange(32, dtype=np.float32).reshape(2, 16)
             inp = tgrpc.InferInput("x", [2, 16], "FP32")
@@ -53,13 +55,13 @@ def test_the_environment_variable_switches_the_engine(demo_repo: Path) -> None:
             np.testing.assert_array_equal(client.infer("add", [inp]).as_numpy("y"), x + 1)
             client.close()
     finally:
-        loop.stop()
+        other.stop()
         default.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("engine", ["loop", "native"])
+@pytest.mark.parametrize("engine", ["grpcio", pytest.param("native", marks=NEEDS_NATIVE)])
 def test_grpc_protocol_tests_pass_on_the_other_engines(engine: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "grpc",
@@ -93,13 +95,13 @@ def test_native_engine_without_its_package_says_how_to_install_it(demo_repo: Pat
 
 
 def test_auto_needs_no_native_package(demo_repo: Path, tmp_path: Path) -> None:
-    """The default engine is grpcio: a server where pygrpc-native is not installed serves gRPC on it."""
+    """The default engine is loop: a server where pygrpc-native is not installed serves gRPC on it."""
     proc = ServerProcess(["--model-repository", str(demo_repo), "--poll-interval", "0", *EXACT],
                          env=_without_native(tmp_path))
     try:
         proc.wait_ready()
         line = proc.wait_log("gRPC engine: ")
-        assert "grpcio (grpcio " in line and line.endswith("(auto)"), line
+        assert "loop (h2 " in line and line.endswith("(auto)"), line
         client = tgrpc.InferenceServerClient(proc.grpc_target)
         x = np.arange(16, dtype=np.float32).reshape(1, 16)
         np.testing.assert_array_equal(grpc_infer(client, "add", x), x + 1)
@@ -117,6 +119,7 @@ def test_an_unknown_engine_is_refused_by_the_command_line(demo_repo: Path) -> No
     assert "invalid choice: 'tonic'" in proc.log, proc.log
 
 
+@NEEDS_NATIVE
 def test_native_shutdown_finishes_calls_in_flight_and_refuses_new_ones(tmp_path: Path) -> None:
     """SIGTERM on the native engine: a 4 MB reply still computing arrives whole; a call started
     afterwards on the same (open) connection gets UNAVAILABLE; the server exits 0."""
@@ -173,6 +176,7 @@ def test_an_unknown_engine_from_the_environment_is_refused_with_the_choices(demo
     assert "cannot start: unknown gRPC engine 'tonic'; choose one of auto, grpcio, native" in proc.log, proc.log
 
 
+@NEEDS_NATIVE
 def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: Path) -> None:
     """One pygrpc-native I/O thread per 4 CPUs the process may use, at least one, at most its default
     two: the server runs that many, says so, and serves on them."""
@@ -200,6 +204,7 @@ def test_the_native_engine_runs_as_many_io_threads_as_the_cpus_allow(demo_repo: 
         proc.stop()
 
 
+@NEEDS_NATIVE
 @pytest.mark.parametrize(("quota", "threads"), [(None, 2), ("200000 100000", 1), ("800000 100000", 2)])
 def test_every_grpc_listener_sizes_its_io_threads_from_the_cgroup_quota(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quota: str | None, threads: int) -> None:

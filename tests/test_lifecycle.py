@@ -925,17 +925,20 @@ def test_after_sigterm_the_drain_delay_serves_new_connections_and_calls_as_usual
     channel.close()
 
 
-def test_an_aged_grpc_connection_moves_its_client_without_a_call_lost(tmp_path: Path, start_server) -> None:
-    """``--grpc-max-connection-age`` (OVSERVE_GRPC_MAX_CONNECTION_AGE, which the operator's pods set): grpcio tells
-    a client to open a new connection once one has lived that long (a graceful GOAWAY), and a long-lived channel
-    calling without a pause moves from connection to connection with no call failed. After SIGTERM the drain
-    waits for the connections to go so before gRPC's core stops: stopping it with a call on its way ended that
-    call CANCELLED, which no retry policy retries (issue 35)."""
+@pytest.mark.parametrize("engine", ["auto", "grpcio"])
+def test_an_aged_grpc_connection_moves_its_client_without_a_call_lost(tmp_path: Path, start_server,
+                                                                       engine: str) -> None:
+    """``--grpc-max-connection-age`` (OVSERVE_GRPC_MAX_CONNECTION_AGE, which the operator's pods set): the server
+    tells a client to open a new connection once one has lived that long (a graceful GOAWAY: on loop, a GOAWAY
+    and a PING, the connection closed once the PING is answered and its calls are done; on grpcio, its core's),
+    and a long-lived channel calling without a pause moves from connection to connection with no call failed.
+    After SIGTERM, grpcio's drain waits for the connections to go so before gRPC's core stops: stopping it with
+    a call on its way ended that call CANCELLED, which no retry policy retries (issue 35)."""
     import psutil
 
     put_version(models.add_one(), tmp_path / "repo" / "add", 1)
     server = start_server("--model-repository", tmp_path / "repo", "--poll-interval", "0", *EXACT,
-                          env={"OVSERVE_GRPC_MAX_CONNECTION_AGE": "0.5"})
+                          "--grpc-engine", engine, env={"OVSERVE_GRPC_MAX_CONNECTION_AGE": "0.5"})
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
     channel = tgrpc.InferenceServerClient(server.grpc_target)
     me = psutil.Process()

@@ -70,8 +70,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # -- one server: mTLS on REST, KServe gRPC and TorchServe's two listeners ----------------------------
-#: the gRPC engines that serve TLS: auto (grpcio: dynamic credentials) and loop (the listener's ssl.SSLContext)
-TLS_ENGINES = ["auto", "loop"]
+#: the gRPC engines that serve TLS: auto (loop: the listener's ssl.SSLContext) and grpcio (dynamic credentials)
+TLS_ENGINES = ["auto", "grpcio"]
 
 
 @pytest.fixture(scope="module", params=TLS_ENGINES)
@@ -93,7 +93,7 @@ def test_listeners_say_they_serve_tls(mtls: ServerProcess, certs: Certs) -> None
     assert "; TLS, certificate" in line and "client certificates" not in line, line
     asked = mtls.args[mtls.args.index("--grpc-engine") + 1]
     engines = [line.split("gRPC engine: ", 1)[1] for line in mtls.lines if "gRPC engine: " in line]
-    assert len(engines) == 3 and all(e.startswith(("grpcio" if asked == "auto" else asked) + " (")
+    assert len(engines) == 3 and all(e.startswith(("loop" if asked == "auto" else asked) + " (")
                                      for e in engines), engines
 
 
@@ -289,7 +289,7 @@ def test_native_grpc_engine_serves_plain_grpc_beside_tls_rest(repo: Path, certs:
 
 def test_the_default_engine_serves_a_listener_with_tls_and_one_without(repo: Path, certs: Certs) -> None:
     """``--grpc-engine auto`` (the default): the KServe gRPC listener serves TLS and the TorchServe inference
-    listener, told ``--ts-inference-tls off``, plain text, both on the default engine (grpcio)."""
+    listener, told ``--ts-inference-tls off``, plain text, both on the default engine (loop)."""
     import grpc
     from google.protobuf import empty_pb2
 
@@ -304,7 +304,7 @@ def test_the_default_engine_serves_a_listener_with_tls_and_one_without(repo: Pat
         (grpc_line,) = [e for e in engines if "for grpc (" in e]
         (ts_line,) = [e for e in engines if "for ts-inference (" in e]
         for line in (grpc_line, ts_line):
-            assert line.startswith("grpcio (grpcio ") and line.endswith("(auto)"), line
+            assert line.startswith("loop (h2 ") and line.endswith("(auto)"), line
         client = triton(proc.grpc_port, certs, None)
         try:
             np.testing.assert_allclose(triton_infer(client), expected(), rtol=1e-5)

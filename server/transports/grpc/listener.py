@@ -2,15 +2,15 @@
 
 The engine is chosen here (``--grpc-engine``; docs/operations.md "The gRPC door"):
 
-- ``auto`` (default): ``grpcio``, on every listener, with TLS or without (since 2026-12-05:
-  the front door is gRPC's own C core, which has absorbed a decade of HTTP/2 attacks; from
-  2026-11-25 it was loop, which an attacker's HEADERS+RST_STREAM flood, PING flood or huge
-  header block could stall for every client: issue 33);
-- ``grpcio``: ``grpc.aio``, gRPC's own C-core server, with the limits of :func:`grpcio_limits`;
-- ``loop`` (experimental, opt-in): ovserve's own HTTP/2 on the event loop (:mod:`.loop`): the frames are read and
-  written where the handlers run, as uvicorn does for REST, with no I/O or dispatch thread
-  between the socket and the call; every method shape; TLS from the same reloading
-  ``ssl.SSLContext`` as REST, offering HTTP/2 by ALPN;
+- ``auto`` (default): ``loop``, on every listener, with TLS or without (since 2026-12-06: it answers every
+  attack of issue 33 as RFC 9113 asks, on the h2 package's HTTP/2; grpcio, the default from 2026-12-05, serves
+  some malformed requests and ignores some protocol errors, which Python cannot change; before that, loop on
+  hand-written HTTP/2, which floods could stall);
+- ``loop``: gRPC on the event loop (:mod:`.loop`): each connection's bytes go through an ``h2`` connection where
+  the handlers run, as uvicorn does for REST, with no I/O or dispatch thread between the socket and the call;
+  every method shape; TLS from the same reloading ``ssl.SSLContext`` as REST, offering HTTP/2 by ALPN;
+- ``grpcio``: ``grpc.aio``, gRPC's own C-core server, with the limits of :func:`grpcio_limits` and ovserve's
+  interceptor (:mod:`.headers`);
 - ``native`` (experimental, opt-in; ``pip install 'ovserve[grpc-native]'``): ``pygrpc_native.aio``, a
   drop-in ``grpc.aio`` server whose HTTP/2
   and per-call work runs in Rust outside the GIL. Unary and server-streaming
@@ -173,13 +173,13 @@ def _native_importable() -> bool:
 
 
 def choose_engine(asked: str) -> tuple[str, str]:
-    """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``. ``auto`` takes grpcio, with TLS
+    """The engine a listener runs, and why: ``asked`` is ``--grpc-engine``. ``auto`` takes loop, with TLS
     or without; an explicit engine is taken as it is (native with TLS then refuses at bind)."""
     if asked not in GRPC_ENGINE_CHOICES:
         raise InvalidInput(f"unknown gRPC engine {asked!r}; choose one of {', '.join(GRPC_ENGINE_CHOICES)}")
     if asked != "auto":
         return asked, "--grpc-engine " + asked
-    return "grpcio", "auto"
+    return "loop", "auto"
 
 
 def make_server(engine: str, options: list[tuple[str, Any]],
@@ -265,8 +265,6 @@ class GrpcListener:
 
     def describe(self) -> str:
         package = GRPC_ENGINES[self.engine]
-        if self.engine == "loop":
-            return f"loop (experimental: ovserve's own HTTP/2 on the event loop; {package} {version(package)})"
         if self.engine != "native":
             return f"{self.engine} ({package} {version(package)})"
         threads = f"{self.io_threads} I/O thread{'s' if self.io_threads > 1 else ''}"

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import random
 import socket
 import ssl
 import struct
@@ -93,6 +94,8 @@ CLOSE_S = 2.0
 FLUSH_AT = 64 << 10
 #: the longest a whole reply is held for the others its read started (see _Connection.data_received)
 HOLD_S = 0.001
+#: the PING sent after a GOAWAY of this server's (see _Connection.go_away)
+_GOAWAY_PING = b"goaway!!"
 #: the longest method name quoted in an error
 QUOTED_PATH = 256
 
@@ -661,7 +664,12 @@ class _Connection(asyncio.Protocol):
             h2.events.RequestReceived: self._request, h2.events.DataReceived: self._data,
             h2.events.StreamEnded: self._stream_ended, h2.events.StreamReset: self._stream_reset,
             h2.events.WindowUpdated: self._window, h2.events.RemoteSettingsChanged: self._remote_settings,
-            h2.events.PingReceived: self._ping, h2.events.ConnectionTerminated: self._terminated}
+            h2.events.PingReceived: self._ping, h2.events.ConnectionTerminated: self._terminated,
+            h2.events.PingAckReceived: self._ping_ack}
+        #: --grpc-max-connection-age: when this connection is told to go (see _aged), and whether it was
+        self.aging: asyncio.TimerHandle | None = None
+        self.aged = False
+        self.goaway_read = False  # the client answered the PING sent after the GOAWAY
 
     # -- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -679,12 +687,16 @@ class _Connection(asyncio.Protocol):
         self.h2.increment_flow_control_window(CONNECTION_WINDOW - DEFAULT_WINDOW)
         self.flush()
         self.server.connections.add(self)
+        if self.server.max_age > 0:  # jittered as gRPC's core does (+-10%), so a fleet's clients do not move at once
+            self.aging = self.loop.call_later(self.server.max_age * random.uniform(0.9, 1.1), self._aged)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
         if self.stalled is not None:
             self.stalled.cancel()
+        if self.aging is not None:
+            self.aging.cancel()
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.cancel()
@@ -861,14 +873,40 @@ class _Connection(asyncio.Protocol):
         if self.calls.get(call.sid) is call and (call.remote_done or call.reset or call.finished):
             del self.calls[call.sid]
             self.server.changed()
+            if self.aged and self.idle():
+                self.close()
 
     def go_away(self) -> None:
-        """Say no new streams will be taken (those already open finish). Written beside h2, whose state machine
-        allows nothing after a GOAWAY it sends itself: streams opened later are refused here."""
+        """Say no new streams will be taken (those already open finish), then PING: once the client has answered
+        it, it has read the GOAWAY (frames are read in order), so every stream it opened before is here and none
+        will come: :meth:`idle` can be true. Streams opened after the GOAWAY are refused REFUSED_STREAM, which gRPC
+        clients retry on a new connection. The GOAWAY is written beside h2, whose state machine allows nothing
+        after a GOAWAY it sends itself."""
         if not self.going_away and not self.closed and self.transport is not None:
             self.going_away = True
             self.flush()
             self.transport.write(GoAwayFrame(0, last_stream_id=self.last_sid, error_code=NO_ERROR).serialize())
+            self.h2.ping(_GOAWAY_PING)
+            self.flush()
+
+    def idle(self) -> bool:
+        """Told to go, and nothing left to do: the client has read the GOAWAY, and no call is open."""
+        return self.going_away and self.goaway_read and not self.calls
+
+    def _aged(self) -> None:
+        """``--grpc-max-connection-age``: the connection has lived long enough; its client is told to open another
+        (the calls in flight finish here), and it closes once idle."""
+        self.aging, self.aged = None, True
+        self.go_away()
+        if self.idle():
+            self.close()
+
+    def _ping_ack(self, event: h2.events.PingAckReceived) -> None:
+        if event.ping_data == _GOAWAY_PING and self.going_away:
+            self.goaway_read = True
+            self.server.changed()
+            if self.aged and self.idle():
+                self.close()
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -1032,13 +1070,16 @@ class _Details(grpc.HandlerCallDetails):
 class LoopServer:
     """What ovserve's listener uses of ``grpc.aio.Server``, served by :class:`_Connection` on the running loop.
 
-    ``options``: grpc's server options; ``grpc.max_receive_message_length`` is read (-1: no limit). ``door``:
+    ``options``: grpc's server options; ``grpc.max_receive_message_length`` (-1: no limit) and
+    ``grpc.max_connection_age_ms`` are read. ``door``:
     what counts the malformed requests reset and refuses (and logs) calls whose metadata is past its limit."""
 
     def __init__(self, options: Iterable[tuple[str, Any]] = (), door: MalformedRequests | None = None) -> None:
         self.door = door or MalformedRequests(MAX_HEADER_LIST)
         opts = dict(options)
         self.max_receive = int(opts.get("grpc.max_receive_message_length", 4 << 20))
+        #: seconds a connection lives before its client is told to open another (0: for ever)
+        self.max_age = int(opts.get("grpc.max_connection_age_ms", 0)) / 1000
         self._generic: list[Any] = []
         self._methods: dict[bytes, Any] = {}
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
@@ -1111,7 +1152,7 @@ class LoopServer:
             conn.go_away()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (grace or 0.0)
-        while self._changed is not None and any(c.calls for c in self.connections):
+        while self._changed is not None and not all(c.idle() for c in self.connections):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
