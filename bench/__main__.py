@@ -8,6 +8,7 @@ See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import signal
 import sys
@@ -48,11 +49,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="max_queue_delay_us of the dynamic-batching rows (ovserve-batch: add and resnetish at the "
                         "highest concurrency, max_batch_size = that concurrency); 0 skips them")
     p.add_argument("--grpc-engines", default=None, metavar="LIST",
-                   help="comma-separated gRPC engines of ovserve to measure: grpcio (the ovserve rows, every "
-                        "protocol, `--grpc-engine grpcio`, what the default `auto` serves), native (ovserve-native "
-                        "rows: gRPC only, `--grpc-engine native`) and loop (ovserve-loop rows: gRPC only, "
-                        "`--grpc-engine loop`); "
-                        "default: all three (native where pygrpc-native is installed)")
+                   help="comma-separated gRPC engines of ovserve to measure (grpcio, loop, native): the default "
+                        "engine's are the ovserve rows (every protocol, `--grpc-engine auto`: what a user gets by "
+                        "default), each other engine's the ovserve-<engine> rows (gRPC only, `--grpc-engine "
+                        "<engine>`); default: every installed engine (native where pygrpc-native is installed)")
     p.add_argument("--ovserve-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `ovserve serve` (repeatable)")
     p.add_argument("--wait-quiet", type=float, default=120, metavar="SECONDS",
@@ -76,8 +76,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.grpc_engines is None:
         import importlib.util
 
-        args.grpc_engines = "grpcio,native,loop" if importlib.util.find_spec("pygrpc_native") else "grpcio,loop"
+        default = default_engine()
+        installed = [e for e in report.ENGINES if e != "native" or importlib.util.find_spec("pygrpc_native")]
+        args.grpc_engines = ",".join([default, *(e for e in installed if e != default)])
     args.grpc_engines = [e for e in args.grpc_engines.split(",") if e]
+    unknown = [e for e in args.grpc_engines if e not in report.ENGINES]
+    if unknown:
+        p.error(f"--grpc-engines: unknown {', '.join(unknown)}; choose from {', '.join(report.ENGINES)}")
     if args.out is None and not args.smoke:  # a smoke run's seconds-long numbers are no result to keep
         args.out = RESULTS
     if args.smoke:
@@ -85,6 +90,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.no_peer, args.wait_quiet = True, 0
         args.models = ",".join(m for m in args.models.split(",") if m != "mobilenet_v2")
     return args
+
+
+def default_engine() -> str:
+    """The gRPC engine ``ovserve serve`` runs by default (``--grpc-engine auto``), by the server's own rule."""
+    from ovserve.server.transports.grpc.listener import choose_engine
+
+    return choose_engine("auto")[0]
+
+
+#: The line each gRPC listener logs at start, e.g. ``gRPC engine: loop (h2 4.4.1), for grpc (auto)``.
+ENGINE_LINE = r"gRPC engine: (\w+) .*, for grpc \(([^)]*)\)"
+
+
+def logged_engine(line: str) -> tuple[str, str]:
+    """(engine, why) from a listener's ``gRPC engine:`` line: ``("loop", "auto")``."""
+    m = re.search(ENGINE_LINE, line)
+    if m is None:
+        raise ValueError(f"not a gRPC engine line: {line!r}")
+    return m.group(1), m.group(2)
 
 
 class Bench:
@@ -97,6 +121,7 @@ class Bench:
         self.rows: list[Row] = []
         self.idle: dict[str, float] = {}  # server -> MiB with add and resnetish loaded
         self.idle_all: dict[str, float] = {}  # server -> MiB with every benchmarked model loaded
+        self.engines: dict[str, str] = {}  # server -> its gRPC engine as its log said, e.g. "loop (auto)"
 
     def case(self, kind: str, model: str, c: int, **kw: object) -> Case:
         a = self.args
@@ -111,7 +136,7 @@ class Bench:
         self.rows.append(row)
         cpu = "" if row.client_cpu_pct is None else f" client CPU {row.client_cpu_pct:.0f}%"
         err = f" ({row.first_error[:160]})" if row.first_error else ""
-        print(f"  {row.server:8} {row.model:13} {row.protocol:11} c{row.concurrency:<3} {row.throughput:8.0f}/s "
+        print(f"  {row.server:14} {row.model:13} {row.protocol:11} c{row.concurrency:<3} {row.throughput:8.0f}/s "
               f"p50 {row.p50_ms:8.2f} ms  p99 {row.p99_ms:8.2f} ms  errors {row.errors}  "
               f"server CPU {row.server_cpu_pct:.0f}%{cpu} other {row.other_cpu_pct:.0f}%{err}", flush=True)
 
@@ -134,13 +159,18 @@ class Bench:
             self.idle[server.name] = server.rss_bytes() / 2**20
         print(f"{server.name}: idle RSS with add and resnetish loaded {self.idle[server.name]:.0f} MiB", flush=True)
 
-    def served(self, start: Callable[[list[str]], servers.ServerProcess], protocols: list[str] | None = None) -> None:
+    def served(self, start: Callable[[list[str]], servers.ServerProcess], protocols: list[str] | None = None,
+               engine: str | None = None) -> None:
+        """``start``'s server over ``protocols`` (default: every one asked); with ``engine``, its gRPC listener
+        must log that engine, so that its rows' label says what served them."""
         protocols = self.protocols if protocols is None else [p for p in self.protocols if p in protocols]
         if not protocols:
             return
         self.idle_rss(start)
         with start(self.names) as server:
             server.wait_ready(self.names)
+            if server.name.startswith("ovserve"):  # not the peer
+                self.check_engine(server, engine)
             time.sleep(SETTLE)
             self.idle_all[server.name] = server.rss_bytes() / 2**20
             if set(self.names) == {"add", "resnetish"}:
@@ -155,6 +185,14 @@ class Bench:
             if server.proc.poll() is not None:
                 raise RuntimeError(f"{server.name} died during the run:\n{server.log}")
 
+    def check_engine(self, server: servers.ServerProcess, engine: str | None) -> None:
+        """Record the gRPC engine ``server`` logged; refuse to measure it under another engine's label."""
+        served, why = logged_engine(server.wait_log(ENGINE_LINE))
+        self.engines[server.name] = f"{served} ({why})"
+        if engine is not None and served != engine:
+            raise RuntimeError(f"{server.name}'s rows are {engine}'s, but it serves gRPC on {served} ({why}); "
+                               "--grpc-engines chooses the engines, not --ovserve-arg")
+
     def batched(self, start: Callable[[list[str], list[str]], servers.ServerProcess]) -> None:
         """Dynamic batching rows: add and resnetish at the highest concurrency, their own server."""
         names = [n for n in ("add", "resnetish") if n in self.names]
@@ -164,6 +202,7 @@ class Bench:
         flags = ["--max-batch-size", str(c), "--max-queue-delay-us", str(self.args.batch_delay_us)]
         with start(names, flags) as server:
             server.wait_ready(names)
+            self.check_engine(server, None)
             print(f"{server.name}: {' '.join(flags)}", flush=True)
             for name in names:
                 for protocol in self.protocols:
@@ -194,10 +233,12 @@ def main(argv: list[str]) -> int:
                 configs[key] = models.write_config(Path(tmp) / "configs" / key, names, repo=Path(tmp))
             return configs[key]
 
+        default = default_engine()
+
         def ovserve(names: list[str]) -> servers.ServerProcess:
-            # grpcio named: the default engine (auto: grpcio, since 2026-12-05), whose rows these have been since
-            # the first run; the experimental engines' are the ovserve-loop and ovserve-native rows
-            return servers.start_ovserve(ovserve_config(names), ["--grpc-engine", "grpcio", *args.ovserve_arg])
+            # the ovserve rows are what a user gets by default: `auto` named (OVSERVE_GRPC_ENGINE cannot change it),
+            # last (nor can --ovserve-arg); each other engine's are the ovserve-<engine> rows
+            return servers.start_ovserve(ovserve_config(names), [*args.ovserve_arg, "--grpc-engine", "auto"])
 
         def kserve(names: list[str]) -> servers.ServerProcess:
             return peer.start({n: {"path": str(paths[n]), "plugin_config": specs.SPECS[n].plugin_config}
@@ -206,17 +247,17 @@ def main(argv: list[str]) -> int:
         background = wait_quiet(10, args.wait_quiet) if args.wait_quiet > 0 else 0.0
         if not args.no_raw:
             bench.raw()
-        if not args.no_ovserve and "grpcio" in args.grpc_engines:
-            bench.served(ovserve)
-        for engine in ("native", "loop"):  # the other engines' gRPC rows, under their report labels
-            if args.no_ovserve or engine not in args.grpc_engines:
+        if not args.no_ovserve and default in args.grpc_engines:
+            bench.served(ovserve, engine=default)
+        for engine in args.grpc_engines:  # the other engines' gRPC rows: ovserve-<engine>
+            if args.no_ovserve or engine == default:
                 continue
 
             def ovserve_on(names: list[str], engine: str = engine) -> servers.ServerProcess:
                 return servers.start_ovserve(ovserve_config(names), [*args.ovserve_arg, "--grpc-engine", engine],
-                                             name=report.GRPC_ENGINES[engine])
+                                             name=report.engine_server(engine, default))
 
-            bench.served(ovserve_on, ["grpc"])
+            bench.served(ovserve_on, ["grpc"], engine=engine)
         if not args.no_ovserve:
 
             def ovserve_batch(names: list[str], flags: list[str]) -> servers.ServerProcess:
@@ -231,7 +272,7 @@ def main(argv: list[str]) -> int:
             bench.served(kserve)
     versions = {**local_versions(), **versions}
     run = report.Run(bench.rows, bench.idle, bench.names, command, started, versions, args.duration, background,
-                     bench.idle_all, specs.hints())
+                     bench.idle_all, specs.hints(), bench.engines)
     print()
     print(report.render(run, markdown=False))
     if args.out is not None:
@@ -243,7 +284,7 @@ def main(argv: list[str]) -> int:
 
 
 def local_versions() -> dict[str, str]:
-    return report.installed("ovserve", "openvino", "grpcio", "pygrpc-native", "uvicorn", "protobuf")
+    return report.installed("ovserve", "openvino", "grpcio", "h2", "pygrpc-native", "uvicorn", "protobuf")
 
 
 if __name__ == "__main__":

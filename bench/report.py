@@ -19,12 +19,10 @@ from pathlib import Path
 from .measure import Row
 
 PROTOCOLS = ("sync", "async", "grpc", "rest-json", "rest-binary")
-SERVERS = ("raw", "ovserve", "ovserve-native", "ovserve-loop", "ovserve-batch", "kserve")
-#: ovserve's gRPC engines: the server label whose rows each one's gRPC targets are read from.
-GRPC_ENGINES = {"grpcio": "ovserve", "native": "ovserve-native", "loop": "ovserve-loop"}
-#: The engine ``ovserve serve`` runs by default (``auto``: grpcio, since 2026-12-05; loop from 2026-11-25,
-#: native before).
-DEFAULT_GRPC_SERVER = "ovserve"
+SERVERS = ("raw", "ovserve", "ovserve-grpcio", "ovserve-loop", "ovserve-native", "ovserve-batch", "kserve")
+#: ovserve's gRPC engines (``--grpc-engine``). The default one's rows are the ``ovserve`` rows (every protocol,
+#: what a user gets by default); each other engine's gRPC rows are ``ovserve-<engine>`` (:func:`engine_server`).
+ENGINES = ("grpcio", "loop", "native")
 NOISY_PCT = 15  # other processes' CPU during a case above which its row is flagged
 
 
@@ -53,6 +51,21 @@ class Run:
     background_pct: float = 0.0  # busy CPU of other processes just before the run
     idle_all_mib: dict[str, float] | None = None  # server -> RSS with every benchmarked model loaded
     hints: str = ""  # each model's PERFORMANCE_HINT, e.g. "add LATENCY, resnetish LATENCY"
+    grpc_engines: dict[str, str] | None = None  # server -> its gRPC engine as its log said, e.g. "loop (auto)"
+
+
+def engine_server(engine: str, default: str) -> str:
+    """The server label of ``engine``'s rows when ``default`` is what ``--grpc-engine auto`` serves: ``ovserve``
+    for the default engine, ``ovserve-<engine>`` for any other."""
+    return "ovserve" if engine == default else f"ovserve-{engine}"
+
+
+def engine_rows(rows: list[Row]) -> list[tuple[str, str]]:
+    """(tag, server) of each engine's gRPC rows: the default engine's (the ``ovserve`` rows, untagged) first,
+    always; then each other engine whose gRPC rows are in ``rows``, tagged `` [<engine>]``."""
+    others = [(f" [{e}]", f"ovserve-{e}") for e in ENGINES
+              if any(r.server == f"ovserve-{e}" and r.protocol == "grpc" for r in rows)]
+    return [("", "ovserve"), *others]
 
 
 def _find(rows: list[Row], model: str, server: str, protocol: str, c: int) -> Row | None:
@@ -143,58 +156,54 @@ def targets(run: Run) -> list[Target]:
         out.append(Target(case, f"{_per_s(a)} vs {_per_s(b)} {against}", f">= {goal} x", v,
                           None if v is None else v >= goal))
 
-    # The gRPC rows once per engine measured (grpcio: the ovserve rows; native, loop: --grpc-engine E).
-    engines = [(e, srv) for e, srv in GRPC_ENGINES.items()
-               if any(r.server == srv and r.protocol == "grpc" for r in rows)]
-    engines = engines or [("grpcio", "ovserve")]
-    tag = (lambda e: f" [{e}]") if len(engines) > 1 else (lambda e: "")
-    for e, srv in engines:
-        ratio_target(f"resnetish gRPC c4 / raw async c4{tag(e)}", tput("resnetish", srv, "grpc", 4),
+    # The gRPC targets once per engine measured: the default engine's (the ovserve rows) untagged, then each other
+    # engine's (--grpc-engine E: the ovserve-E rows) tagged [E].
+    engines = engine_rows(rows)
+    for tag, srv in engines:
+        ratio_target(f"resnetish gRPC c4 / raw async c4{tag}", tput("resnetish", srv, "grpc", 4),
                      tput("resnetish", "raw", "async", 4), 0.85, "raw async")
-    for e, srv in engines:
-        ratio_target(f"resnetish REST binary c4 / ovserve gRPC c4{tag(e)}",
+    for tag, srv in engines:
+        ratio_target(f"resnetish REST binary c4 / ovserve gRPC c4{tag}",
                      tput("resnetish", "ovserve", "rest-binary", 4), tput("resnetish", srv, "grpc", 4), 0.8,
                      "ovserve gRPC")
     ratio_target("resnetish REST JSON c4 / kserve", tput("resnetish", "ovserve", "rest-json", 4),
                  tput("resnetish", "kserve", "rest-json", 4), 4, "kserve")
     for c in (4, 16):
-        for e, srv in engines:
-            ratio_target(f"add gRPC c{c} / kserve{tag(e)}", tput("add", srv, "grpc", c),
+        for tag, srv in engines:
+            ratio_target(f"add gRPC c{c} / kserve{tag}", tput("add", srv, "grpc", c),
                          tput("add", "kserve", "grpc", c), 3, "kserve")
     for c in (4, 16):
         ratio_target(f"add REST JSON c{c} / kserve", tput("add", "ovserve", "rest-json", c),
                      tput("add", "kserve", "rest-json", c), 3, "kserve")
     for model in run.models:
         for protocol in ("grpc", "rest-json", "rest-binary"):
-            for e, srv in (engines if protocol == "grpc" else [("grpcio", "ovserve")]):
+            for tag, srv in (engines if protocol == "grpc" else [("", "ovserve")]):
                 ours, peer = _find(rows, model, srv, protocol, 16), _find(rows, model, "kserve", protocol, 16)
                 if ours is None and peer is None:
                     continue
                 a, b = (ours.p99_ms if ours else None), (peer.p99_ms if peer else None)
                 v = _ratio(a, b)
-                out.append(Target(f"p99 c16 {model} {protocol} / kserve{tag(e) if protocol == 'grpc' else ''}",
+                out.append(Target(f"p99 c16 {model} {protocol} / kserve{tag}",
                                   f"{_fmt(a)} ms vs {_fmt(b)} ms", "<= 0.5 x", v, None if v is None else v <= 0.5))
-    for e, srv in engines:
+    for tag, srv in engines:
         a, b = run.idle_rss_mib.get(srv), run.idle_rss_mib.get("kserve")
         v = _ratio(a, b)
-        out.append(Target(f"idle RSS / kserve{tag(e)}", f"{_fmt(a, 0)} MiB vs {_fmt(b, 0)} MiB", "<= 0.6 x", v,
+        out.append(Target(f"idle RSS / kserve{tag}", f"{_fmt(a, 0)} MiB vs {_fmt(b, 0)} MiB", "<= 0.6 x", v,
                           None if v is None else v <= 0.6))
-    for e, srv in engines:
+    for tag, srv in engines:
         ours, raw = _find(rows, "resnetish", srv, "grpc", 1), _find(rows, "resnetish", "raw", "sync", 1)
         diff = ours.p50_ms - raw.p50_ms if ours and raw else None
-        out.append(Target(f"resnetish gRPC c1 p50 - raw sync p50{tag(e)}",
+        out.append(Target(f"resnetish gRPC c1 p50 - raw sync p50{tag}",
                           f"{_fmt(ours.p50_ms if ours else None)} ms vs {_fmt(raw.p50_ms if raw else None)} ms",
                           "<= +1 ms", diff, None if diff is None else diff <= 1.0))
     return out
 
 
 def cpu_targets(run: Run) -> list[Target]:
-    """Issue 21's CPU per request: ovserve's default engine at most a third of KServe's on ``add`` over gRPC
-    and REST, and on gRPC at most 1.3x the native engine's. The default engine is grpcio (DEFAULT_GRPC_SERVER,
-    the ovserve rows); the other engines' rows stay beside it, tagged."""
+    """Issue 21's CPU per request: ovserve's default engine (the ovserve rows) at most a third of KServe's on
+    ``add`` over gRPC and REST, and on gRPC at most 1.3x the native engine's; each other engine measured beside
+    it, tagged."""
     rows, out = run.rows, []
-    measured = {srv for srv in GRPC_ENGINES.values() if any(r.server == srv and r.protocol == "grpc" for r in rows)}
-    default = DEFAULT_GRPC_SERVER if DEFAULT_GRPC_SERVER in measured else "ovserve"
 
     def cpu_target(case: str, ours: Row | None, other: Row | None, goal: float, against: str) -> None:
         a, b = cpu_us(ours), cpu_us(other)
@@ -204,21 +213,17 @@ def cpu_targets(run: Run) -> list[Target]:
 
     for c in (4, 16):
         for protocol in ("grpc", "rest-json", "rest-binary"):
-            server = default if protocol == "grpc" else "ovserve"
-            cpu_target(f"add {protocol} c{c} server CPU/req / kserve's", _find(rows, "add", server, protocol, c),
+            cpu_target(f"add {protocol} c{c} server CPU/req / kserve's", _find(rows, "add", "ovserve", protocol, c),
                        _find(rows, "add", "kserve", protocol, c), 1 / 3, "kserve")
-        cpu_target(f"add grpc c{c} server CPU/req / native engine's", _find(rows, "add", default, "grpc", c),
-                   _find(rows, "add", "ovserve-native", "grpc", c), 1.3, "native")
-        # the other engines measured, kept in sight: loop (the default until 2026-12-05), native (until 2026-11-25)
-        for e, srv in GRPC_ENGINES.items():
-            if srv not in measured or srv == default:
-                continue
-            cpu_target(f"add grpc c{c} server CPU/req / kserve's [{e}]", _find(rows, "add", srv, "grpc", c),
+        native = _find(rows, "add", "ovserve-native", "grpc", c)
+        cpu_target(f"add grpc c{c} server CPU/req / native engine's", _find(rows, "add", "ovserve", "grpc", c),
+                   native, 1.3, "native")
+        for tag, srv in engine_rows(rows)[1:]:  # the other engines measured, kept in sight
+            cpu_target(f"add grpc c{c} server CPU/req / kserve's{tag}", _find(rows, "add", srv, "grpc", c),
                        _find(rows, "add", "kserve", "grpc", c), 1 / 3, "kserve")
-            if srv != "ovserve-native":
-                cpu_target(f"add grpc c{c} server CPU/req / native engine's [{e}]",
-                           _find(rows, "add", srv, "grpc", c), _find(rows, "add", "ovserve-native", "grpc", c),
-                           1.3, "native")
+            if srv != "ovserve-native":  # native is not compared with itself
+                cpu_target(f"add grpc c{c} server CPU/req / native engine's{tag}", _find(rows, "add", srv, "grpc", c),
+                           native, 1.3, "native")
     return out
 
 
@@ -249,6 +254,12 @@ def machine() -> dict[str, str]:
             "python": platform.python_version()}
 
 
+def engines_line(engines: dict[str, str]) -> str:
+    """Each server's gRPC engine as its log said: the ovserve rows are the default's (``auto``)."""
+    said = "; ".join(f"{server} {engine}" for server, engine in engines.items())
+    return f"gRPC engine of each server, as it logged it: {said} (the ovserve rows: what `--grpc-engine auto` serves)."
+
+
 # -- writing -----------------------------------------------------------------------------------
 def render(run: Run, markdown: bool) -> str:
     header, body = HEADER, table_rows(run.rows)
@@ -261,6 +272,7 @@ def render(run: Run, markdown: bool) -> str:
         "",
         (f"Idle RSS before any request, add and resnetish loaded: {idle}; "
          f"{', '.join(run.models)} loaded: {idle_all}."),
+        *([engines_line(run.grpc_engines)] if run.grpc_engines else []),
         *([(f"`!`: other processes took more than {NOISY_PCT}% of a core during the case (after reruns); "
             "its numbers are not to be trusted.")] if any(r.other_cpu_pct > NOISY_PCT for r in run.rows) else []),
         "",

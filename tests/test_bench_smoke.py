@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bench import report
-from bench.__main__ import RESULTS, parse_args
+from bench.__main__ import RESULTS, default_engine, parse_args
 from bench.measure import Row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,17 +51,19 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert float(r["throughput"]) > 0 and int(r["count"]) > 0, r
         assert int(r["errors"]) == 0, r
     assert {r["protocol"] for r in rows if r["server"] == "raw"} == {"sync", "async"}
-    # the native gRPC engine (pygrpc-native, in the test extra) gets gRPC rows of its own
-    native = [r for r in rows if r["server"] == "ovserve-native"]
-    assert {(r["model"], r["protocol"]) for r in native} == {("add", "grpc"), ("resnetish", "grpc")}
-    for r in native:
-        assert float(r["throughput"]) > 0 and int(r["errors"]) == 0, r
-    # and so does the loop engine (HTTP/2 on the event loop)
-    loop = [r for r in rows if r["server"] == "ovserve-loop"]
-    assert {(r["model"], r["protocol"]) for r in loop} == {("add", "grpc"), ("resnetish", "grpc")}
-    for r in loop:
-        assert float(r["throughput"]) > 0 and int(r["errors"]) == 0, r
-    assert "[native]" in proc.stdout and "[grpcio]" in proc.stdout and "[loop]" in proc.stdout, proc.stdout[-3000:]
+    # the ovserve rows are the default engine's (what `--grpc-engine auto` serves, as the server logged it); every
+    # other engine (pygrpc-native is in the test extra) gets gRPC rows of its own, ovserve-<engine>, and its
+    # targets tagged [<engine>]
+    default = default_engine()
+    assert f"ovserve {default} (auto)" in latest, latest
+    for engine in {"grpcio", "loop", "native"} - {default}:
+        theirs = [r for r in rows if r["server"] == f"ovserve-{engine}"]
+        assert {(r["model"], r["protocol"]) for r in theirs} == {("add", "grpc"), ("resnetish", "grpc")}, engine
+        for r in theirs:
+            assert float(r["throughput"]) > 0 and int(r["errors"]) == 0, r
+        assert f"ovserve-{engine} {engine} (--grpc-engine {engine})" in latest, latest
+        assert f"[{engine}]" in proc.stdout, proc.stdout[-3000:]
+    assert f"[{default}]" not in proc.stdout, proc.stdout[-3000:]
 
 
 def _run(started: datetime) -> report.Run:
