@@ -193,8 +193,9 @@ class Bench:
             raise RuntimeError(f"{server.name}'s rows are {engine}'s, but it serves gRPC on {served} ({why}); "
                                "--grpc-engines chooses the engines, not --ovserve-arg")
 
-    def batched(self, start: Callable[[list[str], list[str]], servers.ServerProcess]) -> None:
-        """Dynamic batching rows: add and resnetish at the highest concurrency, their own server."""
+    def batched(self, start: Callable[[list[str], list[str]], servers.ServerProcess], engine: str) -> None:
+        """Dynamic batching rows: add and resnetish at the highest concurrency, their own server (gRPC on
+        ``engine``, the default)."""
         names = [n for n in ("add", "resnetish") if n in self.names]
         c = max(self.concurrency)
         if not names or c < 2 or self.args.batch_delay_us <= 0:
@@ -202,7 +203,7 @@ class Bench:
         flags = ["--max-batch-size", str(c), "--max-queue-delay-us", str(self.args.batch_delay_us)]
         with start(names, flags) as server:
             server.wait_ready(names)
-            self.check_engine(server, None)
+            self.check_engine(server, engine)
             print(f"{server.name}: {' '.join(flags)}", flush=True)
             for name in names:
                 for protocol in self.protocols:
@@ -263,9 +264,10 @@ def main(argv: list[str]) -> int:
             def ovserve_batch(names: list[str], flags: list[str]) -> servers.ServerProcess:
                 folder = Path(tmp) / "configs" / ("batch-" + ",".join(names))
                 config = models.write_config(folder, names, repo=Path(tmp))
-                return servers.start_ovserve(config, [*args.ovserve_arg, *flags], name="ovserve-batch")
+                return servers.start_ovserve(config, [*args.ovserve_arg, *flags, "--grpc-engine", "auto"],
+                                             name="ovserve-batch")
 
-            bench.batched(ovserve_batch)
+            bench.batched(ovserve_batch, default)
         if not args.no_peer:
             peer.ensure_venv()
             versions.update({f"peer {k}": v for k, v in peer.versions().items()})
