@@ -17,21 +17,20 @@ a peer that never reads, an 8 MiB header block, more streams than a connection m
 then malformed requests (RFC 9113 §8.2: invalid or connection-specific header fields, misused pseudo-headers),
 each refused before any handler runs, on every service of every listener.
 
-Every test but the last kind below runs on the default engine (grpcio). On the experimental engines (loop;
-native where its extra is installed, as scripts/test.sh does) run: the seven attacks, five malformed requests of
-different kinds and white space around a value (``test_an_experimental_engine_refuses_...``), the metadata past
-its limit, the ``:path`` spellings and the duplicated ``:path`` under a token, the message past
-``--max-request-bytes`` (loop; native fails item 8 on the 4 GiB prefix already) and the raw TLS test (loop; native
-has no TLS). What an engine fails is marked ``xfail(strict=True)`` naming the item of issue 33, so that a fix, or
-a new failure, is noticed. Not on them: every service and the count and log of a refusal (ovserve's interceptor,
-which only grpcio runs), and grpcio's TLS client against loop (it waits out its 30 s deadline; the raw TLS test
-pins the same in a second).
+Every test but the last kind below runs on grpcio. On the others (loop, the default since 2026-12-06; native where
+its extra is installed, as scripts/test.sh does) run: the seven attacks, five malformed requests of different kinds
+and white space around a value (``test_an_experimental_engine_refuses_...``), the metadata past its limit, the
+``:path`` spellings and the duplicated ``:path`` under a token, the message past ``--max-request-bytes`` (loop;
+native fails item 8 on the 4 GiB prefix already) and the raw TLS test (loop; native has no TLS). What an engine
+fails is marked ``xfail(strict=True)`` naming the item of issue 33, so that a fix, or a new failure, is noticed. Not
+on them: every service and the count and log of a refusal (ovserve's interceptor, which only grpcio runs), and
+grpcio's TLS client against loop (it waits out its 30 s deadline; the raw TLS test pins the same in a second).
 Then what grpcio itself still does against RFC 9113, pinned as it is (``SERVED_BY_GRPCIO``, ``PROTOCOL_ERRORS``),
 so that a grpcio upgrade that changes it is noticed; and the same requests and frames sent to the engines that
 read every frame themselves (loop, native: ``test_rfc_9113_...``), held to what RFC 9113 asks: a malformed
 request reset with PROTOCOL_ERROR and never served, each protocol error answered with its error code (the
-window's size read from the server's own SETTINGS and WINDOW_UPDATEs). native's known failures there are marked
-``xfail(strict=True)``; loop's are not, for the engine rebuilt on h2 must pass them all.
+window's size read from the server's own SETTINGS and WINDOW_UPDATEs). loop passes them all; native's known
+failures there are marked ``xfail`` (strictly but for the window, which it passes now and then).
 docs/operations.md "The gRPC door" lists the limits, and what each engine does not yet withstand.
 """
 from __future__ import annotations
@@ -77,6 +76,7 @@ from .tls_tools import tls_flags, wait_https
 pytestmark = pytest.mark.integration
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 #: how much slower the well-behaved client's median call may be during an attack than before it
 SLOWER_BY_S = 0.025
 #: how much the server's resident memory may grow during one attack
@@ -111,7 +111,7 @@ def engines(*among: str, **fails: str) -> list[Any]:
             for e in ENGINES if not among or e in among]
 
 
-#: the tests that run on the default engine only
+#: the tests that run on grpcio only
 ON_GRPCIO = pytest.mark.parametrize("engine", ["grpcio"], indirect=True)
 
 
@@ -472,7 +472,7 @@ def _with(name: str, value: str) -> list[tuple[str, str]]:
     return [*HEADERS, (name, value)]
 
 
-#: Requests RFC 9113 §8.2 makes malformed, as raw header lists, each with what ends it on the default engine:
+#: Requests RFC 9113 §8.2 makes malformed, as raw header lists, each with what ends it on grpcio:
 #: "refused" is ovserve's INVALID_ARGUMENT naming the field (server/transports/grpc/headers.py), "core" is
 #: gRPC's C core's own INTERNAL; either way before any handler runs.
 MALFORMED: dict[str, tuple[list[tuple[str, str]], str, str]] = {
@@ -772,24 +772,26 @@ FRAME_ENGINES = ("loop", "native")
 #: Without content-type application/grpc a request is no gRPC call, though RFC 9113 does not call it malformed:
 #: the gRPC HTTP/2 spec answers it HTTP 415 (or a gRPC status)
 UNSUPPORTED_MEDIA = ("content-type text/plain (gRPC: HTTP 415)", "no content-type (gRPC: HTTP 415)")
-#: Known failures of native on those cases, by case (docs/operations.md "The gRPC door"); loop, being rebuilt on
-#: h2, has none marked: what it fails today is for the rebuild to pass
+#: Known failures of native on those cases, by case, and whether strictly (docs/operations.md "The gRPC door");
+#: loop passes them all
 NATIVE_FAILS = {
-    **dict.fromkeys(UNSUPPORTED_MEDIA, "issue 33 item 5: native serves a request without content-type "
-                                       "application/grpc as a call"),
-    "DATA past the stream's window (§6.9.1: FLOW_CONTROL_ERROR)": "issue 33 items 6 and 8: native gives a unary "
-    "message's window back as it arrives, so the stream's window never runs out",
-    "an RST_STREAM of 5 bytes (§6.4: GOAWAY FRAME_SIZE_ERROR)": "issue 33 item 6: native answers a 5-byte RST_STREAM "
-    "with GOAWAY PROTOCOL_ERROR",
+    **dict.fromkeys(UNSUPPORTED_MEDIA, (("issue 33 item 5: native serves a request without content-type "
+                                         "application/grpc as a call"), True)),
+    "DATA past the stream's window (§6.9.1: FLOW_CONTROL_ERROR)": (
+        ("issue 33 item 8: native gives a stream's window back as its bytes arrive though the message is never "
+         "taken, so the window runs out only when its reader lags (it passes now and then: not strict)"), False),
+    "an RST_STREAM of 5 bytes (§6.4: GOAWAY FRAME_SIZE_ERROR)": (
+        "issue 33 item 6: native answers a 5-byte RST_STREAM with GOAWAY PROTOCOL_ERROR", True),
 }
 ON_FRAME_ENGINES = pytest.mark.parametrize("engine", engines(*FRAME_ENGINES), indirect=True)
 
 
 def _known_failure(request: pytest.FixtureRequest, engine: str, case: str) -> None:
-    """The running test marked ``xfail(strict=True)`` when ``engine`` is known to fail ``case`` (here, not as a
-    parameter's mark, so that each engine's server is started once for all the cases)."""
+    """The running test marked ``xfail`` when ``engine`` is known to fail ``case`` (here, not as a parameter's
+    mark, so that each engine's server is started once for all the cases)."""
     if engine == "native" and case in NATIVE_FAILS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=NATIVE_FAILS[case]))
+        reason, strict = NATIVE_FAILS[case]
+        request.applymarker(pytest.mark.xfail(strict=strict, reason=reason))
 
 
 def _shown(frames: list[Frame]) -> list[str]:
@@ -865,10 +867,11 @@ def _past_the_advertised_window(attacker: Attacker) -> Made:
     SETTINGS_INITIAL_WINDOW_SIZE (65,535 when it says none), grown by the WINDOW_UPDATEs it sends, and within the
     connection's window likewise (a byte past that is a FLOW_CONTROL_ERROR too). The window is filled, then a
     PING shows what the server gave back while reading it (and once it is full, a second PING), and what it
-    gave back is filled in turn. The
-    connection's window may come back as its bytes arrive; the stream's may come back at most twice (a server
-    that gives a unary message's window back as it arrives never runs out of it, issue 33 item 8). The message
-    announces 1 GiB - 1 bytes (within --max-request-bytes' default) and never ends: no handler runs."""
+    gave back is filled in turn. The call is ModelStreamInfer, whose handler takes its messages one by one, and
+    its one message announces 1 GiB - 1 bytes (within --max-request-bytes' default) and never ends: it is never
+    taken, so no handler runs and the stream's window has no reason to come back (whether a unary message's
+    window comes back as it arrives is item 8's question, not this one). The connection's window may come back
+    as its bytes arrive; the stream's at most twice, else it never runs out and the case cannot be made."""
     attacker.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each PING at once, not after 40 ms
     frames = attacker.read(5.0, until=lambda f: isinstance(f, SettingsFrame) and "ACK" not in f.flags)
     settings = [f for f in frames if isinstance(f, SettingsFrame) and "ACK" not in f.flags]
@@ -876,7 +879,8 @@ def _past_the_advertised_window(attacker: Attacker) -> Made:
     stream_room = settings[0].settings.get(SettingsFrame.INITIAL_WINDOW_SIZE, 65535)
     connection_room = 65535
     prefix = b"\x00" + struct.pack(">I", (1 << 30) - 1)  # the message's, then zeros
-    attacker.send(SettingsFrame(0, flags=["ACK"]).serialize() + attacker.headers(1, attacker.block(HEADERS)))
+    streaming = [(k, STREAM_METHOD if k == ":path" else v) for k, v in HEADERS]
+    attacker.send(SettingsFrame(0, flags=["ACK"]).serialize() + attacker.headers(1, attacker.block(streaming)))
     sent = given_back = 0
     settled = False
     came = frames[:]  # the SETTINGS may have come with WINDOW_UPDATEs
@@ -899,7 +903,7 @@ def _past_the_advertised_window(attacker: Attacker) -> Made:
         settled = False
         assert given_back <= 2 and sent + room <= WINDOW_BOUND, (
             f"stream 1's window never ran out: {sent >> 20} MiB sent, {room} bytes of window still open (given "
-            f"back as a unary message arrives, issue 33 item 8): {_shown(frames)[-5:]}")
+            f"back though its message is never taken): {_shown(frames)[-5:]}")
         data = bytearray()
         for at in range(0, room, 16384):  # frames of 16 KiB, the least MAX_FRAME_SIZE a server may set
             n = min(16384, room - at)
@@ -1018,8 +1022,9 @@ def test_a_refused_call_is_counted_and_logged(tmp_path_factory: pytest.TempPathF
     repo = tmp_path_factory.mktemp("counted")
     models.save(models.add_one(), repo, "add")
     access = repo.parent / "access.log"
+    # grpcio's: loop, the default, resets a malformed request's stream instead of answering INVALID_ARGUMENT
     proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--metrics-enable",
-                          "--access-log", str(access), "--ts-inference-port", "0"])
+                          "--access-log", str(access), "--ts-inference-port", "0", "--grpc-engine", "grpcio"])
     try:
         proc.wait_ready()
         assert _malformed_counted(proc) == {(name, reason): 0 for name in ("grpc", "ts-inference")
