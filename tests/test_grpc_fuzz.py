@@ -1,5 +1,5 @@
-"""The gRPC door, fuzzed (issue 33): hypothesis-made HTTP/2 frame sequences against the default engine
-(grpcio) and loop, the engine that reads every frame itself (``ENGINES``).
+"""The gRPC door, fuzzed (issue 33): hypothesis-made HTTP/2 frame sequences against loop (the default engine,
+which reads every frame itself) and grpcio (``ENGINES``).
 
 One ``ovserve serve`` per engine, each sent the same examples. Each example opens a raw connection, sends the
 client preface (now and then a wrong one) and a sequence of frames drawn from every type (HEADERS, CONTINUATION,
@@ -68,9 +68,9 @@ METHOD = "/inference.GRPCInferenceService/ModelInfer"
 ANSWER_S = 5.0
 #: how much the server's RSS may grow over the whole module, from its size after warming up
 RSS_BOUND = 64 << 20
-#: the engines fuzzed (--grpc-engine): the default, and loop, which reads every frame itself (native, an extra,
-#: is not: docs/operations.md "The gRPC door")
-ENGINES = ["grpcio", "loop"]
+#: the engines fuzzed (--grpc-engine): loop, the default, and grpcio (native, an experimental extra, is not:
+#: docs/operations.md "The gRPC door")
+ENGINES = ["loop", "grpcio"]
 #: examples in CI (fixed seed); OVSERVE_FUZZ_EXAMPLES=N runs N from a random seed
 CI_EXAMPLES = 2000
 _asked = os.environ.get("OVSERVE_FUZZ_EXAMPLES")

@@ -34,7 +34,7 @@ MODULE_TIERS: dict[str, str] = {
                      "test_zoo_mobilenet",
         "test_zoo_pth",
     ], "integration"),
-    # hypothesis-made HTTP/2 frame sequences against a server on the default gRPC engine and one on loop (issue 33)
+    # hypothesis-made HTTP/2 frame sequences against a server on each gRPC engine but native (issue 33)
     "test_grpc_fuzz": "fuzz",
     **dict.fromkeys(["test_operator_k8s", "test_operator_resilience", "test_chart_k8s"], "operator"),
     **dict.fromkeys(["test_run", "test_run_transformer"], "local"),
