@@ -17,20 +17,19 @@ a peer that never reads, an 8 MiB header block, more streams than a connection m
 then malformed requests (RFC 9113 §8.2: invalid or connection-specific header fields, misused pseudo-headers),
 each refused before any handler runs, on every service of every listener.
 
-Every test but the last kind below runs on grpcio. On the others (loop, the default since 2026-12-06; native where
-its extra is installed, as scripts/test.sh does) run: the seven attacks, five malformed requests of different kinds
-and white space around a value (``test_an_experimental_engine_refuses_...``), the metadata past its limit, the
-``:path`` spellings and the duplicated ``:path`` under a token, the message past ``--max-request-bytes`` (loop;
-native fails item 8 on the 4 GiB prefix already) and the raw TLS test (loop; native has no TLS). What an engine
-fails is marked ``xfail(strict=True)`` naming the item of issue 33, so that a fix, or a new failure, is noticed. Not
-on them: every service and the count and log of a refusal (ovserve's interceptor, which only grpcio runs), and
-grpcio's TLS client against loop (it waits out its 30 s deadline; the raw TLS test pins the same in a second).
-Then what grpcio itself still does against RFC 9113, pinned as it is (``SERVED_BY_GRPCIO``, ``PROTOCOL_ERRORS``),
-so that a grpcio upgrade that changes it is noticed; and the same requests and frames sent to the engines that
-read every frame themselves (loop, native: ``test_rfc_9113_...``), held to what RFC 9113 asks: a malformed
-request reset with PROTOCOL_ERROR and never served, each protocol error answered with its error code (the
-window's size read from the server's own SETTINGS and WINDOW_UPDATEs). loop passes them all; native's known
-failures there are marked ``xfail`` (strictly but for the window, which it passes now and then).
+The default engine is loop (gRPC over h2, since 2026-12-06); grpcio stays selectable; native is experimental
+(run where its extra is installed, as scripts/test.sh does). On each: the seven attacks, five malformed requests
+of different kinds and white space around a value, the metadata past its limit, the ``:path`` spellings and the
+duplicated ``:path`` under a token, the message past ``--max-request-bytes`` and the TLS tests (not native: no
+TLS). What an engine fails is marked ``xfail(strict=True)`` naming the item of issue 33, so that a fix, or a new
+failure, is noticed. On grpcio only: every malformed request of MALFORMED on every service, and its interceptor's
+count and log of a refusal (loop's own: ``test_on_loop_...``). Then what grpcio itself still does against RFC
+9113, pinned as it is (``SERVED_BY_GRPCIO``, ``PROTOCOL_ERRORS``), so that a grpcio upgrade that changes it is
+noticed; and the same requests and frames sent to the engines that read every frame themselves (loop, native:
+``test_rfc_9113_...``), held to what RFC 9113 asks: a malformed request reset with PROTOCOL_ERROR and never
+served, each protocol error answered with its error code (the window's size read from the server's own SETTINGS
+and WINDOW_UPDATEs). loop passes them all; native's known failures there are marked ``xfail`` (strictly but for
+the window, which it passes now and then).
 docs/operations.md "The gRPC door" lists the limits, and what each engine does not yet withstand.
 """
 from __future__ import annotations
@@ -1056,6 +1055,39 @@ def test_a_refused_call_is_counted_and_logged(tmp_path_factory: pytest.TempPathF
         proc.stop()
 
 
+def test_on_loop_a_reset_request_is_counted_and_a_refused_call_logged(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """On loop (the default), a malformed request's stream is reset (RFC 9113): never a call, so no access-log
+    line, but counted in ovserve_requests_malformed_total; a call whose metadata is past the limit is refused
+    RESOURCE_EXHAUSTED by the same refusal grpcio's interceptor gives, counted and logged as any call is."""
+    repo = tmp_path_factory.mktemp("counted-loop")
+    models.save(models.add_one(), repo, "add")
+    access = repo.parent / "access.log"
+    proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--metrics-enable",
+                          "--access-log", str(access), "--ts-inference-port", "0"])
+    try:
+        proc.wait_ready()
+        got = _answer(proc, [*HEADERS, ("x-request-id", "door-1"), ("upgrade", "h2c")], _message(_request()))
+        assert got == {"reset": "RstStreamFrame"}, got
+        got = _answer(proc, [*HEADERS, ("x-request-id", "door-2"), ("x-big", "a" * (20 << 10))],
+                      _message(_request()), frame_bytes=16000)
+        assert got.get("grpc-status") == "8" and got.get("x-request-id") == "door-2", got
+        counted = _malformed_counted(proc)
+        assert counted[("grpc", "malformed")] == 1 and counted[("grpc", "metadata_too_large")] == 1, counted
+
+        def grpc_lines() -> list[dict[str, Any]]:
+            return [line for line in map(json.loads, access.read_text().splitlines()) if line["listener"] != "rest"]
+
+        deadline = time.monotonic() + 10  # lines are written once per turn of the server's loop
+        while time.monotonic() < deadline and not grpc_lines():
+            time.sleep(0.05)
+        lines = grpc_lines()
+        assert [(line["method"], line["status"], line["request_id"]) for line in lines] == [
+            ("ModelInfer", "RESOURCE_EXHAUSTED", "door-2")], lines
+    finally:
+        proc.stop()
+
+
 @pytest.mark.parametrize("engine", engines(), indirect=True)
 def test_the_server_log_is_free_of_tracebacks(server: ServerProcess) -> None:
     assert "Traceback" not in server.log, server.log[-3000:]
@@ -1148,7 +1180,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, engine: str) -> Iterato
         proc.stop()
 
 
-@ON_GRPCIO
+@pytest.mark.parametrize("engine", engines("grpcio", "loop"), indirect=True)
 @needs_openssl
 @pytest.mark.parametrize("size", [20 << 10, 100 << 10])
 def test_over_tls_a_call_with_too_much_metadata_is_refused_at_once(tls_server: tuple[ServerProcess, Certs],

@@ -366,3 +366,30 @@ def test_curl_over_http2_is_answered_with_trailers(loop_server: ServerProcess, t
                                "--http2-prior-knowledge")
     assert fields.get("grpc-status") == str(grpc.StatusCode.NOT_FOUND.value[0]) and not reply, fields
     assert "nope" in fields.get("grpc-message", ""), fields
+
+
+def test_a_second_message_on_a_unary_call_ends_it_at_once(loop_server: ServerProcess) -> None:
+    """A unary method takes one request message, and its window is given back as it arrives (issue 33, item 8):
+    so a byte past that message ends the call UNIMPLEMENTED then and there, before the client ends its stream,
+    and a client cannot make one call hold message after message. The connection serves its next call."""
+    conn = RawConnection(loop_server)
+    try:
+        body = add_request(1)
+        conn.send(frame(HEADERS, END_HEADERS, 1, request_headers()) + frame(DATA, 0, 1, body + body[:7]))
+        status = None
+        for kind, flags, sid, payload in conn.frames(time.monotonic() + TIMEOUT):
+            if kind == HEADERS and sid == 1 and flags & END_STREAM:
+                fields = dict(conn.decoder.decode(payload))
+                status, message = fields.get("grpc-status"), fields.get("grpc-message", "")
+                break
+        assert status == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), status
+        assert "one request message" in message, message
+        conn.send(frame(HEADERS, END_HEADERS, 3, request_headers()) + frame(DATA, END_STREAM, 3, body))
+        for kind, flags, sid, payload in conn.frames(time.monotonic() + TIMEOUT):
+            if kind == HEADERS and sid == 3 and flags & END_STREAM:
+                assert dict(conn.decoder.decode(payload)).get("grpc-status") == "0"
+                break
+            if kind == HEADERS:
+                conn.decoder.decode(payload)
+    finally:
+        conn.close()

@@ -46,7 +46,7 @@ import h2.settings
 import h2.utilities
 import hpack
 import hpack.exceptions
-from h2.exceptions import DenialOfServiceError, FrameTooLargeError
+from h2.exceptions import FrameTooLargeError
 from h2.frame_buffer import FrameBuffer
 from hyperframe.frame import Frame, GoAwayFrame
 
@@ -75,8 +75,12 @@ MAX_BLOCKS, MAX_BLOCK = 32, 1024
 #: the most bytes (RFC 9113 §6.5.2's measure) a call's metadata may hold, as grpcio, unless the listener's door
 #: says otherwise: past it the call is refused RESOURCE_EXHAUSTED
 MAX_HEADER_LIST = 16 << 10
-#: past these (decoded, and as encoded before decoding) the header block breaks the connection
-MAX_DECODED_HEADERS, MAX_HEADER_BLOCK = 64 << 10, 64 << 10
+#: past these (decoded, and as encoded before decoding) a header block breaks the connection (GOAWAY
+#: ENHANCE_YOUR_CALM); below them, a call whose metadata is past MAX_HEADER_LIST is refused RESOURCE_EXHAUSTED.
+#: Decoding is the cost (HPACK's Huffman code in Python: about 28 ms for 256 KiB), so a connection may send at
+#: most MAX_OVERSIZED such calls in OVERSIZED_S
+MAX_DECODED_HEADERS, MAX_HEADER_BLOCK = 256 << 10, 256 << 10
+MAX_OVERSIZED, OVERSIZED_S = 16, 10.0
 #: a connection whose peer resets (or makes this server reset) more streams than this in RESETS_S is sent
 #: away (items 1: rapid reset; MadeYouReset)
 MAX_RESETS, RESETS_S = 1000, 10.0
@@ -110,6 +114,17 @@ _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
 RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 #: each status's grpc-status field
 _STATUS = {code: (b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+
+
+def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a request with these header fields is malformed (RFC 9113 §8.2-8.3: h2's rules for a request's fields,
+    pseudo-headers and all), or None. Issue 33, item 5: such a request's stream is reset, never a call."""
+    try:
+        for _ in h2.utilities.validate_headers(headers, _VALIDATION):
+            pass
+    except h2.exceptions.ProtocolError as exc:
+        return str(exc)[:200]
+    return None
 
 
 def cut(text: str) -> str:
@@ -300,9 +315,14 @@ class _Call:
 
     # -- requests ----------------------------------------------------------------
     def received(self, data: bytes) -> None:
-        """DATA for this stream, cut into messages. A message over the limit, or one that cannot be
-        decompressed, ends the call."""
+        """DATA for this stream, cut into messages. A message over the limit, one that cannot be decompressed,
+        or a byte past a unary method's one message (whose window is given back as it comes, so the sum a call
+        holds stays within one message: issue 33, item 8), ends the call."""
         if self.finished:
+            return
+        unary = not self.handler.request_streaming
+        if unary and self.messages:
+            self.refuse(grpc.StatusCode.UNIMPLEMENTED, "a unary method takes one request message, not more")
             return
         inbox = self.inbox
         limit = self.conn.server.max_receive
@@ -331,6 +351,9 @@ class _Call:
                     self.refuse(exc.code, exc.message)
                     return
             self.messages.append((body, 5 + n))
+            if unary and inbox:
+                self.refuse(grpc.StatusCode.UNIMPLEMENTED, "a unary method takes one request message, not more")
+                return
         if self.arrived is not None:
             self.arrived.set()
 
@@ -548,8 +571,14 @@ class _Frames(FrameBuffer):
             if data[3] == HEADERS or data[3] == CONTINUATION:
                 block = length + sum(len(f.data) for f in self._headers_buffer)
                 if block > MAX_HEADER_BLOCK:
-                    raise DenialOfServiceError(f"a header block of {block}+ bytes, past {MAX_HEADER_BLOCK}")
+                    raise _BlockTooLarge(f"a header block of {block}+ bytes is past the {MAX_HEADER_BLOCK} this "
+                                         "server takes")
         return super().__next__()
+
+
+class _BlockTooLarge(Exception):
+    """A header block past ``MAX_HEADER_BLOCK``, seen from its frames' headers: the connection ends with a GOAWAY
+    saying so (raised past h2, which would send its own GOAWAY without a reason)."""
 
 
 class _CompressionError(h2.exceptions.ProtocolError):
@@ -657,6 +686,7 @@ class _Connection(asyncio.Protocol):
         # what a peer may make this server do for nothing (items 1 and 2)
         self.resets = _Budget(MAX_RESETS, RESETS_S)
         self.settings = _Budget(MAX_SETTINGS, SETTINGS_S)
+        self.oversized = _Budget(MAX_OVERSIZED, OVERSIZED_S)
         self.ping_strikes = 0
         self.last_ping = -PING_INTERVAL_S
         self.answered_since_ping = True
@@ -758,6 +788,10 @@ class _Connection(asyncio.Protocol):
         self.reads += 1
         try:
             events = self.h2.receive_data(data)
+        except _BlockTooLarge as exc:
+            self.h2.clear_outbound_data_buffer()
+            self.fail(ENHANCE_YOUR_CALM, str(exc))
+            return
         except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY naming the error (not for a preface)
             if self.h2.state_machine.state is not h2.connection.ConnectionState.CLOSED:
                 self.h2.close_connection(PROTOCOL_ERROR, b"not an HTTP/2 connection preface (is this gRPC?)")
@@ -941,6 +975,9 @@ class _Connection(asyncio.Protocol):
                      named.get(b"grpc-encoding", b"identity"))
         size = sum(len(k) + len(v) + 32 for k, v in headers if k[:1] != b":" and k not in _NOT_METADATA)
         if size > self.server.door.max_bytes:  # the metadata, as grpcio counts it: ended by the door's refusal
+            if not self.oversized.spend(self.loop.time()):
+                self._calm("too_many_oversized_headers")
+                return
             handler: Any = self.server.door.too_large(path.decode("latin-1"), call.context.invocation_metadata(),
                                                       size)
         else:
@@ -954,16 +991,11 @@ class _Connection(asyncio.Protocol):
             call.start()
 
     def _malformed(self, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """Why a request with these fields is malformed (RFC 9113 §8.2-8.3, h2's rules), or None."""
+        """:func:`malformed_request`, remembered for the last few field lists (a client's calls repeat theirs)."""
         key = tuple(headers)
         if key in self.verdicts:
             return self.verdicts[key]
-        why = None
-        try:
-            for _ in h2.utilities.validate_headers(headers, _VALIDATION):
-                pass
-        except h2.exceptions.ProtocolError as exc:
-            why = str(exc)[:200]
+        why = malformed_request(headers)
         if len(self.verdicts) >= MAX_BLOCKS:
             self.verdicts.clear()
         self.verdicts[key] = why
