@@ -1062,7 +1062,7 @@ def test_on_loop_a_reset_request_is_counted_and_a_refused_call_logged(
     RESOURCE_EXHAUSTED by the same refusal grpcio's interceptor gives, counted and logged as any call is."""
     repo = tmp_path_factory.mktemp("counted-loop")
     models.save(models.add_one(), repo, "add")
-    access = repo.parent / "access.log"
+    access = tmp_path_factory.mktemp("counted-loop-log") / "access.log"  # its own (repo.parent is shared)
     proc = ServerProcess(["--model-repository", str(repo), "--poll-interval", "0", "--metrics-enable",
                           "--access-log", str(access), "--ts-inference-port", "0"])
     try:

@@ -50,7 +50,8 @@ MODULE_TIERS: dict[str, str] = {
 #: queue that must fill, the loop never blocked, a measured choice): ``scripts/test.sh`` runs them in a lane of
 #: their own, after the lanes that share the machine (marker ``timing``; not a tier: a test keeps its tier)
 TIMING_MODULES = frozenset({
-    "test_grpc_door", "test_grpc_fuzz", "test_grpc_stress", "test_lifecycle", "test_runtime", "test_shedding",
+    "test_grpc_door", "test_grpc_fuzz", "test_grpc_loop_flush", "test_grpc_stress", "test_lifecycle", "test_runtime",
+    "test_shedding",
     "test_threadstate", "test_untuned", "test_untuned_precision",
 })
 
