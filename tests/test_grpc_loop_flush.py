@@ -269,3 +269,42 @@ def test_requests_are_read_whole_however_the_reads_cut_them(cut: str) -> None:
         second = at + 9 + int.from_bytes(stream[at:at + 3], "big") if cut == "after the first frame" else at + 40
         reads = [stream[:at], stream[at:second], stream[second:]]
     assert _echoed(reads) == {1: bodies[0], 3: bodies[1], 5: bodies[2]}
+
+
+@pytest.mark.parametrize("data, pad", [(b"", None), (b"x", None), (b"0123456789", None), (b"0123456789a", None),
+                                       (bytes(range(256)) * 600, None), (b"", 0), (b"", 5), (b"abc", 3),
+                                       (b"0123456789", 0), (b"0123456789", 200), (bytes(150_000), 7)])
+def test_a_data_frames_repr_is_hyperframes_own(data: bytes, pad: int | None) -> None:
+    """The loop engine installs a cheaper DataFrame repr (h2 formats one for every frame it receives): the same
+    text as hyperframe's, padded or not, short, long or empty."""
+    from hyperframe.frame import DataFrame, _raw_data_repr
+
+    frame = DataFrame(1, data, **({"flags": ["PADDED"], "pad_length": pad} if pad is not None else {}))
+    assert engine._data_body_repr(frame) == _raw_data_repr(frame.serialize_body())
+    assert repr(frame).endswith(_raw_data_repr(frame.serialize_body()))
+
+
+def test_a_remembered_reply_block_follows_the_hpack_table() -> None:
+    """The engine's HPACK encoder hands back a header list's block from memory only while its table is as it was
+    when the list was encoded: every block, decoded in order by a client's decoder, is the list it was made from,
+    through replies that index new fields, evict old ones and change the table's size."""
+    import random
+
+    encoder, decoder = engine._Encoder(), hpack.Decoder()
+    ok = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    lists = [ok, [(b"grpc-status", b"0")], ok, [(b"grpc-status", b"0")]]
+    rng = random.Random(7)
+    for _ in range(400):
+        pick = rng.random()
+        if pick < 0.5:
+            lists.append(ok if rng.random() < 0.5 else [(b"grpc-status", b"0")])
+        elif pick < 0.9:  # a field that is indexed, and with enough of them evicts the oldest
+            lists.append([(b"grpc-status", b"0"), (b"x-request-id", f"{rng.randrange(40)}-{'a' * rng.randrange(200)}"
+                                                   .encode())])
+        else:
+            lists.append([(b"x-big", b"b" * rng.randrange(4000))])
+    for i, fields in enumerate(lists):
+        if i == 200:
+            encoder.header_table_size = 1024  # a peer's SETTINGS_HEADER_TABLE_SIZE
+        assert [tuple(f) for f in decoder.decode(encoder.encode(fields), raw=True)] == fields, i
+    assert encoder.blocks, "nothing was remembered"

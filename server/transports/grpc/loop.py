@@ -48,7 +48,7 @@ import hpack
 import hpack.exceptions
 from h2.exceptions import FrameTooLargeError
 from h2.frame_buffer import FrameBuffer
-from hyperframe.frame import Frame, GoAwayFrame
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame
 
 from .headers import MalformedRequests
 
@@ -114,6 +114,27 @@ _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
 RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 #: each status's grpc-status field
 _STATUS = {code: (b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+
+
+def _data_body_repr(self: DataFrame) -> str:
+    """What hyperframe's ``DataFrame._body_repr`` returns (the serialized body's first 10 bytes in hex, "..." when
+    there are more), from those 10 bytes alone. h2 formats ``repr(frame)`` for every frame it receives, for a trace
+    log call, whether or not anything is logged; hyperframe builds that from the whole payload, serialized again
+    and hex-encoded: about 300 µs for a 150 KB request (issue 33's benchmark: the most of loop's cost on MobileNetV2
+    beside grpcio's C core). Installed on hyperframe's class at import, the same text for a fraction of the work
+    (tests/test_grpc_loop_flush.py compares the two)."""
+    padded = "PADDED" in self.flags
+    pad = self.pad_length if padded else 0
+    data = self.data
+    size = (1 if padded else 0) + len(data) + pad
+    if not size:
+        return "None"
+    head = (bytes([pad]) if padded else b"") + bytes(data[:10])
+    head = (head + b"\0" * 10)[:min(size, 10)]
+    return "<hex:" + head.hex() + ("..." if size > 10 else "") + ">"
+
+
+DataFrame._body_repr = _data_body_repr  # type: ignore[method-assign,assignment]
 
 
 def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -599,28 +620,83 @@ class _Decoder(hpack.Decoder):
     def __init__(self, max_header_list_size: int) -> None:
         super().__init__(max_header_list_size=max_header_list_size)
         self.blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self.state: _TableState | None = None  # the table the blocks were decoded with
 
     def decode(self, data: bytes, raw: bool = False) -> Any:
         block = bytes(data)
-        known = self.blocks.get(block)
-        if known is not None:
-            return known
         table = self.header_table
-        entries = table.dynamic_entries
-        newest, count, size = entries[0] if entries else None, len(entries), table.maxsize
+        state = _table_state(table)
+        known = self.blocks.get(block)
+        if known is not None and state == self.state:
+            return known
         try:
             headers: Any = super().decode(block, raw=raw)
         except hpack.exceptions.OversizedHeaderListError:
             raise  # h2's DenialOfServiceError
         except hpack.exceptions.HPACKError as exc:
             raise _CompressionError(f"HPACK: {exc}") from None
-        entries = table.dynamic_entries
-        if len(entries) == count and (entries[0] if entries else None) is newest and table.maxsize == size:
-            if len(self.blocks) < MAX_BLOCKS and len(block) <= MAX_BLOCK:
-                self.blocks[block] = headers
-        else:  # the table changed: what was known decodes differently now
+        if _table_state(table) != state:  # the table changed: what was known decodes differently now
             self.blocks.clear()
+        elif len(block) <= MAX_BLOCK:
+            if state != self.state or len(self.blocks) >= MAX_BLOCKS:
+                self.blocks.clear()
+                self.state = state
+            self.blocks[block] = headers
         return headers
+
+
+class _Encoder(hpack.Encoder):
+    """HPACK's encoder as h2 uses it, remembering the header lists whose encoding left its table as it was.
+
+    A connection's replies after the first send the same fields (``:status 200``, ``content-type``, ``grpc-status
+    0``), each a reference into the tables once the first reply has indexed them; while the table is unchanged
+    such a list encodes as it did before: from :attr:`blocks` (about 45 µs a block through the hpack package)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
+        self.state: _TableState | None = None  # the table the blocks were encoded with
+
+    def encode(self, headers: Any, huffman: bool = True) -> bytes:
+        if not isinstance(headers, (list, tuple)) or not huffman or self.table_size_changes:
+            self.blocks.clear()
+            return super().encode(headers, huffman)
+        key = tuple(headers)
+        table = self.header_table
+        state = _table_state(table)
+        known = self.blocks.get(key)
+        if known is not None and state == self.state:
+            return known
+        block = super().encode(headers, huffman)
+        if _table_state(table) != state:  # the table changed: what was known may encode differently now
+            self.blocks.clear()
+        elif len(block) <= MAX_BLOCK:
+            if state != self.state or len(self.blocks) >= MAX_BLOCKS:
+                self.blocks.clear()
+                self.state = state
+            self.blocks[key] = block
+        return block
+
+
+class _TableState:
+    """What an HPACK table's blocks depend on: its size, its entries' count and its newest entry, held (entries
+    are only ever added at the front, so the newest entry object changes whenever the table does)."""
+
+    __slots__ = ("count", "maxsize", "newest")
+
+    def __init__(self, table: Any) -> None:
+        entries = table.dynamic_entries
+        self.maxsize, self.count, self.newest = table.maxsize, len(entries), entries[0] if entries else None
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, _TableState) and self.newest is other.newest and self.count == other.count
+                and self.maxsize == other.maxsize)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _table_state(table: Any) -> _TableState:
+    return _TableState(table)
 
 
 class _Budget:
@@ -665,6 +741,7 @@ class _Connection(asyncio.Protocol):
             h2.settings.SettingCodes.MAX_FRAME_SIZE: LOCAL_MAX_FRAME})
         h2c.max_inbound_frame_size = LOCAL_MAX_FRAME
         h2c.decoder = _Decoder(MAX_DECODED_HEADERS)
+        h2c.encoder = _Encoder()
         #: why requests with these fields are malformed, or None, for the last few field lists seen
         self.verdicts: dict[tuple[tuple[bytes, bytes], ...], str | None] = {}
         self.calls: dict[int, _Call] = {}
