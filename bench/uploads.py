@@ -1,7 +1,7 @@
 """``python -m bench.uploads``: what N slow unary uploads held open cost in server memory, per gRPC engine.
 
-Issue 33, (d): gRPC's C core (the default engine, grpcio) keeps a unary request's message in memory until the
-whole of it has arrived, and gives the sender window as the bytes arrive (it opens the window to the size the
+Issue 33, (d): every gRPC engine (loop, the default, grpcio's C core, native) keeps a unary request's message in
+memory until the whole of it has arrived, and gives the sender window as the bytes arrive (up to the size the
 5-byte length prefix announces). So a client that sends a large message slowly, and never its last byte, holds
 that much of the server's memory for as long as it likes: up to ``--max-request-bytes`` a call.
 
@@ -192,7 +192,8 @@ def measure(engine: str, calls: int, size: int, seconds: float, extra: list[str]
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.uploads", description=__doc__.splitlines()[0])
-    p.add_argument("--engines", default="grpcio", help="comma-separated --grpc-engine values (default grpcio)")
+    p.add_argument("--engines", default="loop,grpcio",
+                   help="comma-separated --grpc-engine values (default loop,grpcio)")
     p.add_argument("--calls", default="1,8", help="comma-separated numbers of concurrent uploads (default 1,8)")
     p.add_argument("--mib", type=int, default=64, help="each call's message, MiB (default 64)")
     p.add_argument("--seconds", type=float, default=8.0, help="each upload's pace: all but its last byte in this time")
