@@ -307,4 +307,4 @@ def test_a_remembered_reply_block_follows_the_hpack_table() -> None:
         if i == 200:
             encoder.header_table_size = 1024  # a peer's SETTINGS_HEADER_TABLE_SIZE
         assert [tuple(f) for f in decoder.decode(encoder.encode(fields), raw=True)] == fields, i
-    assert encoder.blocks, "nothing was remembered"
+    assert encoder.remembered.blocks, "nothing was remembered"

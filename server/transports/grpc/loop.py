@@ -619,15 +619,13 @@ class _Decoder(hpack.Decoder):
 
     def __init__(self, max_header_list_size: int) -> None:
         super().__init__(max_header_list_size=max_header_list_size)
-        self.blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
-        self.state: _TableState | None = None  # the table the blocks were decoded with
+        self.remembered = _Remembered()
 
     def decode(self, data: bytes, raw: bool = False) -> Any:
         block = bytes(data)
-        table = self.header_table
-        state = _table_state(table)
-        known = self.blocks.get(block)
-        if known is not None and state == self.state:
+        state = _TableState(self.header_table)
+        known = self.remembered.get(block, state)
+        if known is not None:
             return known
         try:
             headers: Any = super().decode(block, raw=raw)
@@ -635,13 +633,7 @@ class _Decoder(hpack.Decoder):
             raise  # h2's DenialOfServiceError
         except hpack.exceptions.HPACKError as exc:
             raise _CompressionError(f"HPACK: {exc}") from None
-        if _table_state(table) != state:  # the table changed: what was known decodes differently now
-            self.blocks.clear()
-        elif len(block) <= MAX_BLOCK:
-            if state != self.state or len(self.blocks) >= MAX_BLOCKS:
-                self.blocks.clear()
-                self.state = state
-            self.blocks[block] = headers
+        self.remembered.keep(block, headers, state, _TableState(self.header_table), len(block))
         return headers
 
 
@@ -654,28 +646,46 @@ class _Encoder(hpack.Encoder):
 
     def __init__(self) -> None:
         super().__init__()
-        self.blocks: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
-        self.state: _TableState | None = None  # the table the blocks were encoded with
+        self.remembered = _Remembered()
 
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
         if not isinstance(headers, (list, tuple)) or not huffman or self.table_size_changes:
-            self.blocks.clear()
+            self.remembered.forget()
             return super().encode(headers, huffman)
         key = tuple(headers)
-        table = self.header_table
-        state = _table_state(table)
-        known = self.blocks.get(key)
-        if known is not None and state == self.state:
+        state = _TableState(self.header_table)
+        known: bytes | None = self.remembered.get(key, state)
+        if known is not None:
             return known
         block = super().encode(headers, huffman)
-        if _table_state(table) != state:  # the table changed: what was known may encode differently now
-            self.blocks.clear()
-        elif len(block) <= MAX_BLOCK:
-            if state != self.state or len(self.blocks) >= MAX_BLOCKS:
-                self.blocks.clear()
-                self.state = state
-            self.blocks[key] = block
+        self.remembered.keep(key, block, state, _TableState(self.header_table), len(block))
         return block
+
+
+class _Remembered:
+    """Header blocks decoded (or lists encoded) while an HPACK table was in one state, and what they came to: valid
+    while the table stays in that state. At most MAX_BLOCKS, of at most MAX_BLOCK bytes each."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[Any, Any] = {}
+        self.state: _TableState | None = None  # the table they were made with
+
+    def get(self, key: Any, state: _TableState) -> Any:
+        return self.blocks.get(key) if state == self.state else None
+
+    def keep(self, key: Any, value: Any, before: _TableState, after: _TableState, size: int) -> None:
+        """Remember ``value`` for ``key`` if making it left the table as it was (else what was known is stale)."""
+        if after != before:
+            self.forget()
+        elif size <= MAX_BLOCK:
+            if before != self.state or len(self.blocks) >= MAX_BLOCKS:
+                self.forget()
+                self.state = before
+            self.blocks[key] = value
+
+    def forget(self) -> None:
+        self.blocks.clear()
+        self.state = None
 
 
 class _TableState:
@@ -693,10 +703,6 @@ class _TableState:
                 and self.maxsize == other.maxsize)
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _table_state(table: Any) -> _TableState:
-    return _TableState(table)
 
 
 class _Budget:
