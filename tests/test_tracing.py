@@ -317,7 +317,10 @@ def test_one_trace_from_transformer_to_predictor(servers: dict, receiver: Receiv
     assert front.parent_id == client_span
     back = one(spans, predictor_call, "predictor")
     assert back.parent_id == front.span_id
-    assert front.start_ns <= back.start_ns and back.end_ns <= front.end_ns
+    # the predictor's span starts inside the transformer's (its request left after the transformer's span began,
+    # and before it ended); its end is recorded once its reply has been sent, which the transformer may have read,
+    # answered and ended its own span on first (0.6 ms so, once, with the transformer on the loop engine)
+    assert front.start_ns <= back.start_ns <= front.end_ns
     check_inference_tree(spans, back)
     assert {s.service for s in spans} == {service, "predictor"}
 
