@@ -50,6 +50,7 @@ from h2.exceptions import FrameTooLargeError
 from h2.frame_buffer import FrameBuffer
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame
 
+from ...errors import bounded
 from .headers import MalformedRequests
 
 log = logging.getLogger("ovserve")
@@ -100,8 +101,6 @@ FLUSH_AT = 64 << 10
 HOLD_S = 0.001
 #: the PING sent after a GOAWAY of this server's (see _Connection.go_away)
 _GOAWAY_PING = b"goaway!!"
-#: the longest method name quoted in an error
-QUOTED_PATH = 256
 
 _PREFIX = struct.Struct(">BI")
 #: request headers that are HTTP/2 or gRPC's own, not the call's metadata (as grpcio leaves them out)
@@ -146,10 +145,6 @@ def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
     except h2.exceptions.ProtocolError as exc:
         return str(exc)[:200]
     return None
-
-
-def cut(text: str) -> str:
-    return text if len(text) <= QUOTED_PATH else f"{text[:QUOTED_PATH]}...({len(text)} characters)"
 
 
 def percent_encode(message: str) -> bytes:
@@ -872,8 +867,7 @@ class _Connection(asyncio.Protocol):
         try:
             events = self.h2.receive_data(data)
         except _BlockTooLarge as exc:
-            self.h2.clear_outbound_data_buffer()
-            self.fail(ENHANCE_YOUR_CALM, str(exc))
+            self._calm(str(exc))
             return
         except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY naming the error (not for a preface)
             if self.h2.state_machine.state is not h2.connection.ConnectionState.CLOSED:
@@ -1068,7 +1062,7 @@ class _Connection(asyncio.Protocol):
         call.bind(handler)
         self.calls[sid] = call
         if handler is None:
-            call.refuse(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {cut(path.decode('latin-1'))}")
+            call.refuse(grpc.StatusCode.UNIMPLEMENTED, bounded(f"Method not found: {path.decode('latin-1')}"))
         elif handler.request_streaming:
             call.arrived = asyncio.Event()
             call.start()
@@ -1119,8 +1113,9 @@ class _Connection(asyncio.Protocol):
             call.start()
 
     def _calm(self, why: str) -> None:
-        """The peer asks too much for nothing (a flood): what it is owed and not yet sent (the acknowledgements
-        h2 queued for the read) is dropped, and the GOAWAY goes at once, ENHANCE_YOUR_CALM naming ``why``."""
+        """The peer asks too much for nothing (a flood, a header block past the bound): what it is owed and not yet
+        sent (the acknowledgements h2 queued for the read) is dropped, and the GOAWAY goes at once,
+        ENHANCE_YOUR_CALM naming ``why``."""
         self.h2.clear_outbound_data_buffer()
         self.fail(ENHANCE_YOUR_CALM, why)
 
